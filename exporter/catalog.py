@@ -1,0 +1,200 @@
+"""The one declaration of every metric the exporter writes.
+
+Sources, the renderer, the generated reference (`docs/metrics.md`) and the tests all read this
+module. A metric that is not declared here cannot be emitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    GAUGE = "gauge"
+    COUNTER = "counter"
+    INFO = "info"
+
+
+@dataclass(frozen=True, eq=False)  # identity hash: one object per metric, hashed per series
+class Metric:
+    name: str
+    kind: Kind
+    unit: str  # base unit as in the name suffix ("seconds", "bytes", ...) or "" for none / ratio
+    help: str
+    labels: tuple[str, ...]
+    source: str
+
+    @property
+    def family(self) -> str:
+        """OpenMetrics family name: counters drop `_total`, infos drop `_info`."""
+        if self.kind is Kind.COUNTER:
+            return self.name.removesuffix("_total")
+        if self.kind is Kind.INFO:
+            return self.name.removesuffix("_info")
+        return self.name
+
+
+CATALOG: dict[str, Metric] = {}
+
+GPU = ("gpu", "uuid")
+
+
+def _m(name: str, kind: Kind, unit: str, help: str, labels: tuple[str, ...], source: str) -> Metric:
+    if name in CATALOG:
+        raise ValueError(f"metric {name} declared twice")
+    metric = Metric(name, kind, unit, help, labels, source)
+    CATALOG[name] = metric
+    return metric
+
+
+# --- nvml: per GPU --------------------------------------------------------------------------------
+GPU_INFO = _m(
+    "goodput_gpu_info", Kind.INFO, "",
+    "Identity of each GPU seen by NVML; value is always 1.",
+    (*GPU, "model", "pci_bus_id", "driver_version"), "nvml")
+GPU_UP = _m(
+    "goodput_gpu_up", Kind.GAUGE, "",
+    "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset).",
+    GPU, "nvml")
+GPU_UTILIZATION = _m(
+    "goodput_gpu_utilization_ratio", Kind.GAUGE, "ratio",
+    "Share of NVML's last sample period in which any kernel ran (0-1). A snapshot: prefer "
+    "rate(goodput_gpu_idle_seconds_total) for averages.",
+    GPU, "nvml")
+GPU_IDLE_SECONDS = _m(
+    "goodput_gpu_idle_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds in which no kernel ran, integrated from every buffered NVML utilization sample "
+    "(nvmlDeviceGetSamples), so nothing between polls is missed.",
+    GPU, "nvml")
+GPU_SAMPLED_SECONDS = _m(
+    "goodput_gpu_sampled_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds covered by the integrated utilization samples; the denominator for the idle fraction "
+    "(rate(idle) / rate(sampled)).",
+    GPU, "nvml")
+GPU_MEMORY_USED = _m(
+    "goodput_gpu_memory_used_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory in use.", GPU, "nvml")
+GPU_MEMORY_TOTAL = _m(
+    "goodput_gpu_memory_total_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory installed.", GPU, "nvml")
+GPU_POWER = _m(
+    "goodput_gpu_power_watts", Kind.GAUGE, "watts", "Power draw of the board.", GPU, "nvml")
+GPU_ENERGY = _m(
+    "goodput_gpu_energy_joules_total", Kind.COUNTER, "joules",
+    "Energy used since the driver was loaded (NVML total energy counter).", GPU, "nvml")
+GPU_TEMPERATURE = _m(
+    "goodput_gpu_temperature_celsius", Kind.GAUGE, "celsius", "GPU core temperature.", GPU, "nvml")
+GPU_SM_CLOCK = _m(
+    "goodput_gpu_sm_clock_hertz", Kind.GAUGE, "hertz", "Current SM clock.", GPU, "nvml")
+GPU_THROTTLE_SECONDS = _m(
+    "goodput_gpu_clock_throttle_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds the clocks were held below their target, by reason (NVML violation counters): power, "
+    "thermal, sync_boost, board_limit, low_utilization, reliability.",
+    (*GPU, "reason"), "nvml")
+GPU_ECC_ERRORS = _m(
+    "goodput_gpu_ecc_errors_total", Kind.COUNTER, "",
+    "ECC memory errors since the driver was loaded (volatile counters), error_type corrected or "
+    "uncorrected.",
+    (*GPU, "error_type"), "nvml")
+GPU_XID_ERRORS = _m(
+    "goodput_gpu_xid_errors_total", Kind.COUNTER, "",
+    "Critical XID error events received from NVML since the exporter started, by XID code.",
+    (*GPU, "xid"), "nvml")
+GPU_LAST_XID = _m(
+    "goodput_gpu_last_xid_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time of the last XID event on the GPU; absent until one is seen.", GPU, "nvml")
+GPU_PCIE_TX = _m(
+    "goodput_gpu_pcie_transmit_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes the GPU sent over PCIe (NVML field counters; absent where the GPU has none).", GPU, "nvml")
+GPU_PCIE_RX = _m(
+    "goodput_gpu_pcie_receive_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes the GPU received over PCIe (NVML field counters; absent where the GPU has none).", GPU, "nvml")
+GPU_NVLINK_TX = _m(
+    "goodput_gpu_nvlink_transmit_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes sent on each active NVLink link.", (*GPU, "link"), "nvml")
+GPU_NVLINK_RX = _m(
+    "goodput_gpu_nvlink_receive_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes received on each active NVLink link.", (*GPU, "link"), "nvml")
+GPU_ALLOCATED = _m(
+    "goodput_gpu_allocated", Kind.GAUGE, "",
+    "1 when at least one compute process holds the GPU, else 0.", GPU, "nvml")
+GPU_PROCESS_MEMORY = _m(
+    "goodput_gpu_process_memory_used_bytes", Kind.GAUGE, "bytes",
+    "GPU memory held by each compute process (host PID); also the GPU-to-process mapping.",
+    (*GPU, "pid"), "nvml")
+MIG_INFO = _m(
+    "goodput_gpu_mig_info", Kind.INFO, "",
+    "A MIG instance of the GPU, when MIG mode is on; value is always 1.",
+    (*GPU, "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile"), "nvml")
+MIG_MEMORY_USED = _m(
+    "goodput_gpu_mig_memory_used_bytes", Kind.GAUGE, "bytes", "Memory in use in the MIG instance.",
+    (*GPU, "mig_uuid"), "nvml")
+MIG_MEMORY_TOTAL = _m(
+    "goodput_gpu_mig_memory_total_bytes", Kind.GAUGE, "bytes", "Memory of the MIG instance.",
+    (*GPU, "mig_uuid"), "nvml")
+
+# --- host: what the host does to feed the GPUs ----------------------------------------------------
+PROC = ("pid", "command")
+HOST_PROC_CPU = _m(
+    "goodput_host_process_cpu_seconds_total", Kind.COUNTER, "seconds",
+    "CPU time of each GPU-holding process, mode user or system.", (*PROC, "mode"), "host")
+HOST_PROC_RSS = _m(
+    "goodput_host_process_resident_memory_bytes", Kind.GAUGE, "bytes",
+    "Resident memory of each GPU-holding process.", PROC, "host")
+HOST_PROC_THREADS = _m(
+    "goodput_host_process_threads", Kind.GAUGE, "", "Threads of each GPU-holding process.", PROC, "host")
+HOST_PROC_CTX = _m(
+    "goodput_host_process_context_switches_total", Kind.COUNTER, "",
+    "Context switches of each GPU-holding process, kind voluntary or involuntary (involuntary ones "
+    "mean the process wanted CPU it did not get).", (*PROC, "kind"), "host")
+HOST_PROC_READ = _m(
+    "goodput_host_process_read_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes each GPU-holding process read from storage (absent without permission to read its I/O).",
+    PROC, "host")
+HOST_PROC_WRITTEN = _m(
+    "goodput_host_process_written_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes each GPU-holding process wrote to storage (absent without permission to read its I/O).",
+    PROC, "host")
+HOST_NUMA_MISMATCH = _m(
+    "goodput_gpu_numa_mismatch", Kind.GAUGE, "",
+    "1 when a process holding the GPU may run on CPUs outside the GPU's local NUMA node (its CPU "
+    "affinity is not within the GPU's ideal CPU set), else 0.",
+    (*GPU, "pid"), "host")
+HOST_UNREADABLE = _m(
+    "goodput_host_unreadable_gpu_processes", Kind.GAUGE, "",
+    "GPU-holding processes the host source could not read (not visible without hostPID, or no "
+    "permission).", (), "host")
+HOST_PRESSURE = _m(
+    "goodput_host_pressure_stalled_seconds_total", Kind.COUNTER, "seconds",
+    "Time tasks on the node were stalled for a resource (cpu, io, memory), kind some or full, from "
+    "/proc/pressure (PSI); absent where the kernel has no PSI.",
+    ("resource", "kind"), "host")
+
+# --- the exporter itself --------------------------------------------------------------------------
+SRC = ("source",)
+SOURCE_UP = _m(
+    "goodput_exporter_source_up", Kind.GAUGE, "",
+    "1 when the source's last collection succeeded, else 0.", SRC, "exporter")
+SOURCE_DURATION = _m(
+    "goodput_exporter_source_collection_duration_seconds", Kind.GAUGE, "seconds",
+    "Wall time of the source's last finished collection.", SRC, "exporter")
+SOURCE_LAST_SUCCESS = _m(
+    "goodput_exporter_source_last_success_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time of the source's last successful collection; absent before the first.", SRC, "exporter")
+SOURCE_COLLECTIONS = _m(
+    "goodput_exporter_source_collections_total", Kind.COUNTER, "",
+    "Collections the source finished, successful or not.", SRC, "exporter")
+SOURCE_ERRORS = _m(
+    "goodput_exporter_source_errors_total", Kind.COUNTER, "",
+    "Errors of the source by reason: timeout (a call hung past the source's timeout), exception, "
+    "nvml_not_found, nvml_<error> for NVML errors, and source-specific reasons.",
+    (*SRC, "reason"), "exporter")
+BUILD_INFO = _m(
+    "goodput_exporter_build_info", Kind.INFO, "",
+    "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
+    ("version", "python_version", "gpu_backend"), "exporter")
+
+SOURCES_ORDER = ("nvml", "host", "exporter")
+
+
+def metrics_for(source: str) -> list[Metric]:
+    return [m for m in CATALOG.values() if m.source == source]

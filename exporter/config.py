@@ -1,0 +1,265 @@
+"""Configuration: YAML file, then `GOODPUT_*` environment variables, then flags; validated strictly.
+
+Every key has one spelling per layer, derived from the model below:
+
+    file   nvml: {interval: 1s}
+    env    GOODPUT_NVML_INTERVAL=1s
+    flag   --nvml.interval 1s
+
+Any error (unknown key, wrong type, bad duration) raises `ConfigError` naming the key; the CLI turns
+that into exit code 2 before anything binds a port.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+
+ENV_PREFIX = "GOODPUT_"
+DEFAULT_PORT = 9445
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the person who wrote the config."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """`500ms`, `1s`, `1.5s`, `2m`, `1h`, or a bare number of seconds -> seconds (float)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)") from None
+        else:
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)")
+    if not seconds > 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` (all interfaces) or `[v6]:PORT` -> (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(
+            f"invalid listen address {value!r} (want HOST:PORT, e.g. 0.0.0.0:{DEFAULT_PORT})")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range 0-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)
+    elif host == "":
+        host = "0.0.0.0"
+    return host, port
+
+
+class WebConfig(_Section):
+    listen_address: str = Field(
+        f"0.0.0.0:{DEFAULT_PORT}",
+        description="Address the HTTP server (/metrics, /healthz, /readyz) binds.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+
+class LogConfig(_Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+
+class SourceConfig(_Section):
+    enabled: bool = Field(True, description="Run this source.")
+    interval: Duration = Field(1.0, description="How often the source collects.")
+    timeout: Duration = Field(
+        5.0, description="A collection running longer than this marks the source down (it is left to finish).")
+
+
+class NvmlConfig(SourceConfig):
+    pass
+
+
+class HostConfig(SourceConfig):
+    interval: Duration = Field(5.0, description="How often the source collects.")
+    proc_path: str = Field("/proc", description="Mount point of the host's procfs (e.g. /host/proc in a pod).")
+
+
+FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise"]
+
+
+class FaultSpec(_Section):
+    at: Duration = Field(description="Seconds after start when the fault is injected.")
+    gpu: int = Field(0, ge=0, description="GPU index.")
+    kind: FaultKind
+    xid: int = Field(79, ge=0, description="XID code for kind=xid.")
+    count: int = Field(1, ge=1, description="Number of errors for kind=ecc / xid.")
+    uncorrected: bool = Field(False, description="For kind=ecc: uncorrected errors.")
+    reason: Literal["power", "thermal"] = Field("thermal", description="For kind=throttle.")
+    duration: Duration = Field(30.0, description="How long a throttle or hang lasts.")
+
+
+def _simulate_shorthand(value: Any) -> Any:
+    if isinstance(value, int | str) and not isinstance(value, bool):
+        return {"gpus": value}
+    return value
+
+
+class SimulateConfig(_Section):
+    gpus: int = Field(0, ge=0, le=1024, description="Simulated GPUs instead of NVML; 0 uses real NVML.")
+    seed: int = Field(1, description="Seed of the simulated workload, for repeatable runs.")
+    pattern: Literal["training", "square"] = Field(
+        "training", description="training: compute bursts, data stalls, checkpoint pauses; "
+        "square: busy/idle alternating exactly.")
+    busy: Duration = Field(0.1, description="Busy time per cycle for pattern=square.")
+    idle: Duration = Field(0.1, description="Idle time per cycle for pattern=square.")
+    faults: list[FaultSpec] = Field(default_factory=list, description="Faults injected on a schedule.")
+
+
+class Config(_Section):
+    web: WebConfig = Field(default_factory=WebConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    nvml: NvmlConfig = Field(default_factory=NvmlConfig)
+    host: HostConfig = Field(default_factory=HostConfig)
+    simulate: Annotated[SimulateConfig, BeforeValidator(_simulate_shorthand)] = Field(
+        default_factory=SimulateConfig)
+
+    def sources(self) -> dict[str, SourceConfig]:
+        return {"nvml": self.nvml, "host": self.host}
+
+
+def _scalar_fields(model: type[BaseModel]) -> list[str]:
+    """Keys that can be set from a flag or env variable (not lists or nested models)."""
+    out = []
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            continue
+        if getattr(annotation, "__origin__", None) is list:
+            continue
+        out.append(name)
+    return out
+
+
+def settable_keys() -> list[tuple[str, str, Any]]:
+    """(section, key, FieldInfo) for every key a flag or env variable may set."""
+    keys = []
+    for section, field in Config.model_fields.items():
+        model = field.default_factory().__class__  # type: ignore[misc]
+        for key in _scalar_fields(model):
+            keys.append((section, key, model.model_fields[key]))
+    return keys
+
+
+def flag_name(section: str, key: str) -> str:
+    return f"--{section}.{key.replace('_', '-')}"
+
+
+def env_name(section: str, key: str) -> str:
+    return f"{ENV_PREFIX}{section.upper()}_{key.upper()}"
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
+    known = {env_name(s, k): (s, k) for s, k, _ in settable_keys()}
+    known[f"{ENV_PREFIX}SIMULATE"] = ("simulate", "gpus")
+    out: dict[str, dict[str, str]] = {}
+    for name, value in environ.items():
+        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG":
+            continue
+        if name not in known:
+            raise ConfigError(f"unknown environment variable {name} (known: see docs/configuration.md)")
+        section, key = known[name]
+        out.setdefault(section, {})[key] = value
+    return out
+
+
+def _merge(base: dict[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, Mapping) and isinstance(merged.get(key), Mapping):
+            merged[key] = _merge(dict(merged[key]), value)
+        elif isinstance(value, Mapping) and key == "simulate" and merged.get(key) is not None:
+            merged[key] = _merge(_simulate_shorthand(merged[key]), value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def read_file(path: str | os.PathLike[str]) -> dict[str, Any]:
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: top level must be a mapping of sections")
+    return data
+
+
+def _describe(error: dict[str, Any]) -> str:
+    loc = ".".join(str(p) for p in error["loc"] if not str(p).startswith("function-"))
+    message = error["msg"].removeprefix("Value error, ")
+    if error["type"] == "extra_forbidden":
+        message = "unknown key"
+    return f"{loc or '(top level)'}: {message}"
+
+
+def load(
+    path: str | os.PathLike[str] | None = None,
+    flags: Mapping[str, Mapping[str, Any]] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Build the effective config: defaults < file < environment < flags."""
+    environ = os.environ if environ is None else environ
+    path = path or environ.get(f"{ENV_PREFIX}CONFIG") or None
+    data: dict[str, Any] = read_file(path) if path else {}
+    data = _merge(data, env_overrides(environ))
+    data = _merge(data, flags or {})
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(_describe(e) for e in exc.errors())
+        raise ConfigError(f"invalid configuration: {problems}") from None
