@@ -1,0 +1,1 @@
+"""GPU backends: the real NVML library and the simulator, behind `api.GpuBackend`."""

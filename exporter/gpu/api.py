@@ -1,0 +1,126 @@
+"""The GPU backend interface: the NVML calls the exporter uses, as plain Python.
+
+Two peers implement it: `nvml_lib.NvmlLibrary` (nvidia-ml-py against the driver) and
+`simulated.SimulatedGpus`. Both raise `GpuError` with NVML's own return codes, so the NVML source
+handles a real driver and the simulator with the same code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# NVML return codes (nvml.h); the simulator raises the same ones.
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+DRIVER_NOT_LOADED = 9
+TIMEOUT = 10
+LIBRARY_NOT_FOUND = 12
+GPU_IS_LOST = 15
+UNKNOWN = 999
+
+ERROR_NAMES = {
+    NOT_SUPPORTED: "not_supported",
+    NO_PERMISSION: "no_permission",
+    NOT_FOUND: "not_found",
+    DRIVER_NOT_LOADED: "driver_not_loaded",
+    TIMEOUT: "timeout",
+    LIBRARY_NOT_FOUND: "library_not_found",
+    GPU_IS_LOST: "gpu_is_lost",
+    UNKNOWN: "unknown",
+}
+
+# NVML perf policies (violation counters) -> our `reason` label.
+THROTTLE_REASONS = {
+    0: "power",
+    1: "thermal",
+    2: "sync_boost",
+    3: "board_limit",
+    4: "low_utilization",
+    5: "reliability",
+}
+
+# NVML field ids used through nvmlDeviceGetFieldValues.
+FI_NVLINK_LINK_COUNT = 91
+FI_NVLINK_DATA_TX_KIB = 138
+FI_NVLINK_DATA_RX_KIB = 139
+FI_PCIE_TX_BYTES = 197
+FI_PCIE_RX_BYTES = 198
+
+
+class GpuError(Exception):
+    """An NVML error: `code` is NVML's return code."""
+
+    def __init__(self, code: int, message: str = "") -> None:
+        self.code = code
+        super().__init__(message or f"NVML error {ERROR_NAMES.get(code, code)}")
+
+    @property
+    def reason(self) -> str:
+        return "nvml_" + ERROR_NAMES.get(self.code, str(self.code))
+
+
+Handle = Any  # opaque: a ctypes pointer for NVML, an object for the simulator
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    used_memory_bytes: int | None
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    gpu_index: int
+    xid: int
+
+
+class GpuBackend(Protocol):
+    """What the NVML source needs from a GPU library. Methods raise `GpuError`."""
+
+    name: str  # "nvml" or "simulated"
+
+    def init(self) -> None: ...
+    def shutdown(self) -> None: ...
+    def driver_version(self) -> str: ...
+    def device_count(self) -> int: ...
+    def device_handle(self, index: int) -> Handle: ...
+    def device_name(self, handle: Handle) -> str: ...
+    def device_uuid(self, handle: Handle) -> str: ...
+    def device_pci_bus_id(self, handle: Handle) -> str: ...
+    def device_utilization_percent(self, handle: Handle) -> int: ...
+
+    def device_utilization_samples(self, handle: Handle, since_us: int) -> list[tuple[int, float]]:
+        """Buffered GPU-utilization samples newer than `since_us`: (timestamp µs, percent)."""
+        ...
+
+    def device_memory(self, handle: Handle) -> tuple[int, int]:
+        """(used, total) bytes."""
+        ...
+
+    def device_power_milliwatts(self, handle: Handle) -> int: ...
+    def device_energy_millijoules(self, handle: Handle) -> int: ...
+    def device_temperature_celsius(self, handle: Handle) -> int: ...
+    def device_sm_clock_mhz(self, handle: Handle) -> int: ...
+    def device_violation_nanoseconds(self, handle: Handle, policy: int) -> int: ...
+    def device_ecc_errors(self, handle: Handle, uncorrected: bool) -> int: ...
+
+    def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | None]:
+        """Integer values of (field id, scope id) pairs; None where the field is not supported."""
+        ...
+
+    def device_nvlink_active(self, handle: Handle, link: int) -> bool: ...
+    def device_compute_processes(self, handle: Handle) -> list[Process]: ...
+    def device_cpu_affinity(self, handle: Handle) -> frozenset[int]: ...
+    def device_mig_enabled(self, handle: Handle) -> bool: ...
+    def device_mig_handles(self, handle: Handle) -> list[Handle]: ...
+    def mig_instance_ids(self, handle: Handle) -> tuple[int, int]: ...
+
+    def xid_events_register(self, handle: Handle) -> None:
+        """Subscribe to critical XID events of the device."""
+        ...
+
+    def xid_events_poll(self) -> list[XidEvent]:
+        """Drain pending XID events without blocking."""
+        ...

@@ -1,0 +1,496 @@
+"""Simulated GPUs: a peer of the NVML backend for tests, the demo and benchmarks.
+
+Each GPU runs a busy/idle pattern (exact segments, repeated) from which everything is derived in
+closed form: NVML-style utilization samples, energy, temperature, NVLink/PCIe traffic. That keeps the
+simulator cheap at 64 GPUs and gives tests the ground truth (exact idle seconds) to measure our
+numbers against. Faults are injected through methods (tests) or a schedule (config).
+
+Only ever used when asked for (`--simulate N`).
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from .api import (
+    FI_NVLINK_DATA_RX_KIB,
+    FI_NVLINK_DATA_TX_KIB,
+    FI_NVLINK_LINK_COUNT,
+    FI_PCIE_RX_BYTES,
+    FI_PCIE_TX_BYTES,
+    GPU_IS_LOST,
+    NOT_FOUND,
+    NOT_SUPPORTED,
+    GpuError,
+    Process,
+    XidEvent,
+)
+
+log = logging.getLogger(__name__)
+
+MODEL = "NVIDIA H100 80GB HBM3"
+DRIVER_VERSION = "550.54.15"
+MEMORY_TOTAL = 81_559 * 2**20
+MEMORY_BASELINE = 560 * 2**20  # driver context, as NVML shows on an idle GPU
+NVLINKS = 18
+IDLE_WATTS = 70.0
+MAX_WATTS = 700.0
+SAMPLE_PERIOD_US = 166_667  # NVML refreshes GPU utilization about six times a second on recent GPUs
+SAMPLE_BUFFER = 120  # samples NVML keeps; a poller slower than 20 s loses some, as with the driver
+THROTTLE_POLICY = {"power": 0, "thermal": 1}
+MIG_PROFILES = {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80}
+
+
+class Pattern:
+    """A repeating sequence of (duration seconds, busy 0/1) segments with exact integrals."""
+
+    def __init__(self, segments: list[tuple[float, int]]) -> None:
+        if not segments or any(d <= 0 for d, _ in segments):
+            raise ValueError("a pattern needs segments of positive duration")
+        self.ends: list[float] = []
+        self.busy_at_end: list[float] = []
+        self.flags = [busy for _, busy in segments]
+        t = busy_total = 0.0
+        for duration, busy in segments:
+            t += duration
+            busy_total += duration if busy else 0.0
+            self.ends.append(t)
+            self.busy_at_end.append(busy_total)
+        self.period = t
+        self.busy_per_period = busy_total
+
+    @classmethod
+    def square(cls, busy: float, idle: float) -> Pattern:
+        return cls([(busy, 1), (idle, 0)])
+
+    @classmethod
+    def training(cls, rng: random.Random, length: float = 600.0) -> Pattern:
+        """Steps of compute with short gaps, periodic data stalls, a checkpoint pause."""
+        segments: list[tuple[float, int]] = []
+        t = 0.0
+        step = 0
+        checkpoint_at = length * 0.5
+        checkpointed = False
+        while t < length:
+            compute = rng.uniform(0.25, 0.35)
+            gap = rng.uniform(0.01, 0.03)
+            segments += [(compute, 1), (gap, 0)]
+            t += compute + gap
+            step += 1
+            if step % 25 == 0:
+                stall = rng.uniform(0.3, 1.2)  # data loader could not keep up
+                segments.append((stall, 0))
+                t += stall
+            if not checkpointed and t >= checkpoint_at:
+                segments.append((8.0, 0))  # checkpoint save: GPU waits on storage
+                t += 8.0
+                checkpointed = True
+        return cls(segments)
+
+    def busy_until(self, t: float) -> float:
+        """Busy seconds in [0, t]."""
+        if t <= 0:
+            return 0.0
+        cycles, rest = divmod(t, self.period)
+        i = bisect.bisect_right(self.ends, rest)
+        busy = cycles * self.busy_per_period
+        if i > 0:
+            busy += self.busy_at_end[i - 1]
+        if i < len(self.ends) and self.flags[i]:
+            busy += rest - (self.ends[i - 1] if i > 0 else 0.0)
+        return busy
+
+    def busy_between(self, t0: float, t1: float) -> float:
+        return self.busy_until(t1) - self.busy_until(t0)
+
+
+@dataclass
+class _Mig:
+    parent: _Gpu
+    uuid: str
+    gpu_instance_id: int
+    compute_instance_id: int
+    profile: str
+    total: int
+    used: int = MEMORY_BASELINE // 4
+
+
+@dataclass
+class _Gpu:
+    index: int
+    uuid: str
+    pci_bus_id: str
+    pattern: Pattern
+    offset: float  # pattern time = sim time - start + offset
+    cpus: frozenset[int]
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    processes: dict[int, int] = field(default_factory=dict)
+    ecc: list[int] = field(default_factory=lambda: [0, 0])
+    throttles: list[tuple[int, float, float]] = field(default_factory=list)  # policy, start, end
+    registered: bool = False
+    mig: list[_Mig] = field(default_factory=list)
+
+
+@dataclass
+class _Fault:
+    method: str
+    gpu: int | None
+    code: int | None  # raise this NVML code
+    hang_seconds: float | None
+    remaining: int  # calls left to affect; -1 = until cleared
+
+
+class SimulatedGpus:
+    """Same surface as `NvmlLibrary`; see `api.GpuBackend`."""
+
+    name = "simulated"
+
+    def __init__(
+        self,
+        count: int,
+        seed: int = 1,
+        pattern: str = "training",
+        busy: float = 0.1,
+        idle: float = 0.1,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._clock = clock
+        self._start = clock()
+        self._lock = threading.Lock()
+        self._faults: list[_Fault] = []
+        self._events: list[XidEvent] = []
+        self._release = threading.Event()
+        self.initialized = False
+        cpus = sorted(os.sched_getaffinity(0))
+        half = max(1, len(cpus) // 2)
+        numa = [frozenset(cpus[:half]), frozenset(cpus[half:] or cpus[:half])]
+        self._gpus: list[_Gpu] = []
+        for i in range(count):
+            rng = random.Random(seed * 1_000_003 + i)
+            if pattern == "square":
+                pat = Pattern.square(busy, idle)
+                offset = 0.0
+            else:
+                pat = Pattern.training(random.Random(seed))  # one job: GPUs in lock-step...
+                offset = rng.uniform(0.0, 0.02)  # ...with a little skew per rank
+            self._gpus.append(_Gpu(
+                index=i,
+                uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
+                pci_bus_id=f"00000000:{0x18 + 0x10 * i % 0xE0:02X}:00.0",
+                pattern=pat,
+                offset=offset,
+                cpus=numa[0] if i < max(1, count // 2) else numa[1],
+            ))
+
+    # --- ground truth and fault injection (not part of the NVML surface) --------------------------
+
+    def _pattern_time(self, gpu: _Gpu, t: float) -> float:
+        return t - self._start + gpu.offset
+
+    def truth_idle_seconds(self, index: int, t0: float, t1: float) -> float:
+        """Exact idle seconds of GPU `index` between two sim-clock times."""
+        gpu = self._gpus[index]
+        busy = gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, t1))
+        return (t1 - t0) - busy
+
+    def truth_busy_fraction(self, index: int, t0: float, t1: float) -> float:
+        return 1.0 - self.truth_idle_seconds(index, t0, t1) / (t1 - t0)
+
+    def last_sample_time(self, now: float | None = None) -> float:
+        """Sim-clock time of the newest utilization sample at `now`."""
+        now_us = int((self._clock() if now is None else now) * 1e6)
+        return now_us // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US / 1e6
+
+    def set_pattern(self, index: int, pattern: Pattern, offset: float = 0.0) -> None:
+        self._gpus[index].pattern = pattern
+        self._gpus[index].offset = offset
+
+    def lose(self, index: int) -> None:
+        self._gpus[index].lost = True
+
+    def set_unsupported(self, index: int, *what: str) -> None:
+        """Make methods (e.g. "device_power_milliwatts") or fields ("field:197") unsupported."""
+        self._gpus[index].unsupported.update(what)
+
+    def inject_xid(self, index: int, xid: int, count: int = 1) -> None:
+        with self._lock:
+            if self._gpus[index].registered:
+                self._events.extend(XidEvent(index, xid) for _ in range(count))
+
+    def inject_ecc(self, index: int, count: int = 1, uncorrected: bool = False) -> None:
+        self._gpus[index].ecc[1 if uncorrected else 0] += count
+
+    def throttle(self, index: int, reason: str, seconds: float) -> None:
+        now = self._clock()
+        self._gpus[index].throttles.append((THROTTLE_POLICY[reason], now, now + seconds))
+
+    def attach_process(self, index: int, pid: int, used_memory_bytes: int = 60 * 2**30) -> None:
+        self._gpus[index].processes[pid] = used_memory_bytes
+
+    def detach_process(self, index: int, pid: int) -> None:
+        self._gpus[index].processes.pop(pid, None)
+
+    def enable_mig(self, index: int, profiles: list[str]) -> None:
+        gpu = self._gpus[index]
+        rng = random.Random(hash((gpu.uuid, len(profiles))))
+        gpu.mig = [
+            _Mig(gpu, f"MIG-{uuid.UUID(int=rng.getrandbits(128), version=4)}", gi + 1, 0, profile,
+                 MIG_PROFILES[profile] * 2**30)
+            for gi, profile in enumerate(profiles)
+        ]
+
+    def fail(self, method: str, code: int, gpu: int | None = None, calls: int = -1) -> None:
+        """Make `method` (or "*") raise NVML error `code` for `calls` calls (-1: until cleared)."""
+        with self._lock:
+            self._faults.append(_Fault(method, gpu, code, None, calls))
+
+    def hang(self, method: str, seconds: float, gpu: int | None = None, calls: int = 1) -> None:
+        """Make `method` block for `seconds` (real time) or until `release_hangs()`."""
+        self._release.clear()
+        with self._lock:
+            self._faults.append(_Fault(method, gpu, None, seconds, calls))
+
+    def release_hangs(self) -> None:
+        self._release.set()
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+        self._release.set()
+
+    # --- the NVML surface -------------------------------------------------------------------------
+
+    def _check(self, method: str, gpu: _Gpu | None = None) -> None:
+        if self._faults:
+            self._apply_faults(method, gpu)
+        if gpu is not None:
+            if gpu.lost:
+                raise GpuError(GPU_IS_LOST, "GPU is lost")
+            if method in gpu.unsupported:
+                raise GpuError(NOT_SUPPORTED, f"{method} not supported")
+
+    def _apply_faults(self, method: str, gpu: _Gpu | None) -> None:
+        hit: _Fault | None = None
+        with self._lock:
+            for fault in self._faults:
+                if fault.method in (method, "*") and fault.gpu in (None, gpu.index if gpu else None):
+                    hit = fault
+                    if fault.remaining > 0:
+                        fault.remaining -= 1
+                        if fault.remaining == 0:
+                            self._faults.remove(fault)
+                    break
+        if hit is None:
+            return
+        if hit.hang_seconds is not None:
+            log.debug("simulated hang in %s for %.1fs", method, hit.hang_seconds)
+            self._release.wait(hit.hang_seconds)
+        if hit.code is not None:
+            raise GpuError(hit.code, f"simulated failure in {method}")
+
+    def init(self) -> None:
+        self._check("init")
+        self.initialized = True
+
+    def shutdown(self) -> None:
+        self.initialized = False
+
+    def driver_version(self) -> str:
+        self._check("driver_version")
+        return DRIVER_VERSION
+
+    def device_count(self) -> int:
+        self._check("device_count")
+        return len(self._gpus)
+
+    def device_handle(self, index: int) -> _Gpu:
+        self._check("device_handle")
+        if not 0 <= index < len(self._gpus):
+            raise GpuError(NOT_FOUND, f"no GPU {index}")
+        return self._gpus[index]
+
+    def device_name(self, handle: _Gpu | _Mig) -> str:
+        if isinstance(handle, _Mig):
+            return f"{MODEL} MIG {handle.profile}"
+        self._check("device_name", handle)
+        return MODEL
+
+    def device_uuid(self, handle: _Gpu | _Mig) -> str:
+        if isinstance(handle, _Mig):
+            return handle.uuid
+        self._check("device_uuid", handle)
+        return handle.uuid
+
+    def device_pci_bus_id(self, handle: _Gpu) -> str:
+        self._check("device_pci_bus_id", handle)
+        return handle.pci_bus_id
+
+    def _sample_value(self, gpu: _Gpu, end_us: int) -> float:
+        t1 = end_us / 1e6
+        t0 = (end_us - SAMPLE_PERIOD_US) / 1e6
+        busy = gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, t1))
+        return float(round(100.0 * busy / (t1 - t0)))  # NVML reports whole percent
+
+    def device_utilization_percent(self, handle: _Gpu) -> int:
+        self._check("device_utilization_percent", handle)
+        last = int(self.last_sample_time() * 1e6)
+        return int(self._sample_value(handle, last))
+
+    def device_utilization_samples(self, handle: _Gpu, since_us: int) -> list[tuple[int, float]]:
+        self._check("device_utilization_samples", handle)
+        now_us = int(self._clock() * 1e6)
+        newest = now_us // SAMPLE_PERIOD_US
+        first = max(since_us // SAMPLE_PERIOD_US + 1, newest - SAMPLE_BUFFER + 1,
+                    int(self._start * 1e6) // SAMPLE_PERIOD_US + 1)
+        return [(k * SAMPLE_PERIOD_US, self._sample_value(handle, k * SAMPLE_PERIOD_US))
+                for k in range(first, newest + 1)]
+
+    def device_memory(self, handle: _Gpu | _Mig) -> tuple[int, int]:
+        if isinstance(handle, _Mig):
+            return handle.used, handle.total
+        self._check("device_memory", handle)
+        used = MEMORY_BASELINE + sum(handle.processes.values())
+        return min(used, MEMORY_TOTAL), MEMORY_TOTAL
+
+    def _busy(self, gpu: _Gpu, seconds_back: float | None = None) -> float:
+        now = self._clock()
+        t0 = self._start if seconds_back is None else max(self._start, now - seconds_back)
+        return gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, now))
+
+    def _throttled(self, gpu: _Gpu, policy: int) -> bool:
+        now = self._clock()
+        return any(p == policy and start <= now < end for p, start, end in gpu.throttles)
+
+    def device_power_milliwatts(self, handle: _Gpu) -> int:
+        self._check("device_power_milliwatts", handle)
+        util = self.device_utilization_percent(handle) / 100.0
+        watts = IDLE_WATTS + (MAX_WATTS - IDLE_WATTS) * util
+        if self._throttled(handle, THROTTLE_POLICY["power"]):
+            watts = min(watts, 0.7 * MAX_WATTS)
+        return int(watts * 1000)
+
+    def device_energy_millijoules(self, handle: _Gpu) -> int:
+        self._check("device_energy_millijoules", handle)
+        elapsed = self._clock() - self._start
+        joules = IDLE_WATTS * elapsed + (MAX_WATTS - IDLE_WATTS) * self._busy(handle)
+        return 3_600_000_000 + int(joules * 1000)  # the driver has been up for a while
+
+    def device_temperature_celsius(self, handle: _Gpu) -> int:
+        self._check("device_temperature_celsius", handle)
+        window = min(60.0, max(self._clock() - self._start, 1e-9))
+        recent = self._busy(handle, 60.0) / window
+        hot = 20 if self._throttled(handle, THROTTLE_POLICY["thermal"]) else 0
+        return int(32 + 40 * recent + hot)
+
+    def device_sm_clock_mhz(self, handle: _Gpu) -> int:
+        self._check("device_sm_clock_mhz", handle)
+        if self.device_utilization_percent(handle) == 0:
+            return 345
+        if any(self._throttled(handle, p) for p in THROTTLE_POLICY.values()):
+            return 1275
+        return 1980
+
+    def device_violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
+        self._check("device_violation_nanoseconds", handle)
+        now = self._clock()
+        seconds = sum(max(0.0, min(now, end) - start)
+                      for p, start, end in handle.throttles if p == policy and start <= now)
+        return int(seconds * 1e9)
+
+    def device_ecc_errors(self, handle: _Gpu, uncorrected: bool) -> int:
+        self._check("device_ecc_errors", handle)
+        return handle.ecc[1 if uncorrected else 0]
+
+    def device_field_values(self, handle: _Gpu, fields: list[tuple[int, int]]) -> list[int | None]:
+        self._check("device_field_values", handle)
+        busy = self._busy(handle)
+        elapsed = self._clock() - self._start
+        out: list[int | None] = []
+        for field_id, scope in fields:
+            if f"field:{field_id}" in handle.unsupported:
+                out.append(None)
+            elif field_id == FI_NVLINK_LINK_COUNT:
+                out.append(NVLINKS)
+            elif field_id in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB) and scope < NVLINKS:
+                out.append(int(busy * 10 * 2**20 + scope))  # ~10 GiB/s per link while computing
+            elif field_id == FI_PCIE_TX_BYTES:
+                out.append(int(busy * 1.5e9 + elapsed * 2e6))
+            elif field_id == FI_PCIE_RX_BYTES:
+                out.append(int(busy * 3e9 + elapsed * 2e6))
+            else:
+                out.append(None)
+        return out
+
+    def device_nvlink_active(self, handle: _Gpu, link: int) -> bool:
+        self._check("device_nvlink_active", handle)
+        return link < NVLINKS
+
+    def device_compute_processes(self, handle: _Gpu) -> list[Process]:
+        self._check("device_compute_processes", handle)
+        return [Process(pid, used) for pid, used in handle.processes.items()]
+
+    def device_cpu_affinity(self, handle: _Gpu) -> frozenset[int]:
+        self._check("device_cpu_affinity", handle)
+        return handle.cpus
+
+    def device_mig_enabled(self, handle: _Gpu) -> bool:
+        self._check("device_mig_enabled", handle)
+        return bool(handle.mig)
+
+    def device_mig_handles(self, handle: _Gpu) -> list[_Mig]:
+        self._check("device_mig_handles", handle)
+        return list(handle.mig)
+
+    def mig_instance_ids(self, handle: _Mig) -> tuple[int, int]:
+        self._check("mig_instance_ids", handle.parent)
+        return handle.gpu_instance_id, handle.compute_instance_id
+
+    def xid_events_register(self, handle: _Gpu) -> None:
+        self._check("xid_events_register", handle)
+        handle.registered = True
+
+    def xid_events_poll(self) -> list[XidEvent]:
+        self._check("xid_events_poll")
+        with self._lock:
+            events, self._events = self._events, []
+        return events
+
+
+def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event) -> threading.Thread:
+    """Inject config-scheduled faults (`simulate.faults`) at their offsets from now."""
+
+    def run() -> None:
+        start = time.monotonic()
+        for fault in sorted(faults, key=lambda f: f.at):
+            if stop.wait(max(0.0, start + fault.at - time.monotonic())):
+                return
+            log.warning("simulate: injecting %s on GPU %d", fault.kind, fault.gpu)
+            if fault.gpu >= sim.device_count():
+                log.error("simulate: fault names GPU %d, only %d simulated", fault.gpu, sim.device_count())
+                continue
+            match fault.kind:
+                case "lost":
+                    sim.lose(fault.gpu)
+                case "xid":
+                    sim.inject_xid(fault.gpu, fault.xid, fault.count)
+                case "ecc":
+                    sim.inject_ecc(fault.gpu, fault.count, fault.uncorrected)
+                case "throttle":
+                    sim.throttle(fault.gpu, fault.reason, fault.duration)
+                case "hang":
+                    sim.hang("*", fault.duration, gpu=fault.gpu)
+                case "raise":
+                    sim.fail("*", 999, gpu=fault.gpu, calls=fault.count)
+
+    thread = threading.Thread(target=run, name="simulate-faults", daemon=True)
+    thread.start()
+    return thread
