@@ -1,0 +1,158 @@
+"""Command line: `goodput-exporter [serve] [flags]`, `metrics-doc`, `config-doc`, `version`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from . import __version__
+from .config import Config, ConfigError, flag_name, load, parse_listen_address, settable_keys
+
+log = logging.getLogger("exporter")
+
+COMMANDS = ("serve", "metrics-doc", "config-doc", "version")
+
+
+def _serve_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="goodput-exporter serve",
+        description="Run the node daemon. Every flag mirrors a config key (see docs/configuration.md).",
+        argument_default=argparse.SUPPRESS,
+    )
+    parser.add_argument("--config", metavar="FILE", help="YAML config file (also GOODPUT_CONFIG)")
+    parser.add_argument("--simulate", metavar="N", dest="simulate.gpus",
+                        help="use N simulated GPUs instead of NVML (same as --simulate.gpus)")
+    for section, key, field in settable_keys():
+        parser.add_argument(flag_name(section, key), dest=f"{section}.{key}", metavar="VALUE",
+                            help=field.description)
+    return parser
+
+
+def parse_serve_args(argv: Sequence[str], environ: dict[str, str] | None = None) -> Config:
+    """Flags -> effective Config. Raises ConfigError; argparse exits 2 on an unknown flag."""
+    args = vars(_serve_parser().parse_args(argv))
+    path = args.pop("config", None)
+    flags: dict[str, dict[str, Any]] = {}
+    for dest, value in args.items():
+        section, key = dest.split(".", 1)
+        flags.setdefault(section, {})[key] = value
+    config = load(path, flags, environ)
+    return config
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {"ts": self.formatTime(record), "level": record.levelname.lower(),
+                 "logger": record.name, "msg": record.getMessage()}
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+def bind(address: str) -> socket.socket:
+    host, port = parse_listen_address(address)
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def _exit_cleanly(signum: int, frame: object) -> None:
+    raise SystemExit(0)
+
+
+def serve(config: Config) -> int:
+    import uvicorn
+
+    from .daemon import Daemon
+    from .web import create_app
+
+    setup_logging(config.log.level, config.log.format)
+    try:
+        sock = bind(config.web.listen_address)
+    except OSError as exc:
+        log.error("%s", exc)
+        return 1
+    daemon = Daemon(config)
+    daemon.start()
+    host, port = sock.getsockname()[:2]
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = f"[{shown}]" if ":" in shown else shown
+    log.info("goodput-exporter %s serving on http://%s:%d/ (metrics: http://%s:%d/metrics)",
+             __version__, shown, port, shown, port)
+    server = uvicorn.Server(uvicorn.Config(
+        create_app(daemon), log_config=None, access_log=False, lifespan="off",
+        http="httptools", loop="auto", timeout_keep_alive=75))
+    started = time.monotonic()
+    # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal against the handlers
+    # that were in place before it started; these turn that into a clean exit through `finally`.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_cleanly)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        daemon.stop()
+        log.info("stopped after %.0fs", time.monotonic() - started)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    command = "serve"
+    if argv and argv[0] in COMMANDS:
+        command = argv.pop(0)
+    elif argv and argv[0] in ("-h", "--help"):
+        print(f"usage: goodput-exporter [{'|'.join(COMMANDS)}] [flags]\n"
+              "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags\n"
+              "  metrics-doc      print the metrics reference (docs/metrics.md)\n"
+              "  config-doc       print the configuration reference (docs/configuration.md)\n"
+              "  version          print the version")
+        return 0
+    if command == "version":
+        print(__version__)
+        return 0
+    if command == "metrics-doc":
+        from .docs import metrics_markdown
+
+        sys.stdout.write(metrics_markdown())
+        return 0
+    if command == "config-doc":
+        from .docs import config_markdown
+
+        sys.stdout.write(config_markdown())
+        return 0
+    try:
+        config = parse_serve_args(argv)
+    except ConfigError as exc:
+        print(f"goodput-exporter: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Runs one source in the background on its interval, with a timeout, and keeps its health."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+
+from .exposition import Batch
+from .sources.base import Source, SourceError
+
+log = logging.getLogger(__name__)
+
+
+class SourceRunner:
+    """Calls `source.collect()` every `interval` seconds in a worker thread.
+
+    A collection that raises or runs past `timeout` is counted by reason and logged; the source is
+    marked down and its series are withdrawn (stale numbers would mislead). A hung call is left to
+    finish: no new collection starts until it returns, so hung calls never pile up threads.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        interval: float,
+        timeout: float,
+        publish: Callable[[str, Batch | None], None],
+        on_done: Callable[[], None] = lambda: None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.source = source
+        self.name = source.name
+        self.interval = interval
+        self.timeout = timeout
+        self._publish = publish
+        self._on_done = on_done
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=f"source-{self.name}", daemon=True)
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"collect-{self.name}")
+        self._hung: Future[Batch] | None = None
+        self._last_reason: str | None = None
+        # Health, read by the self-metrics renderer.
+        self.up = False
+        self.completed = threading.Event()  # finished at least one collection, well or not
+        self.collections = 0
+        self.last_duration: float | None = None
+        self.last_success: float | None = None
+        self.errors: Counter[str] = Counter()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, wait: float = 2.0) -> None:
+        self._stop.set()
+        self._thread.join(wait)
+        self._worker.shutdown(wait=False, cancel_futures=True)
+        try:
+            self.source.close()
+        except Exception:  # closing must never take the daemon down
+            log.exception("source %s: error while closing", self.name)
+
+    def _loop(self) -> None:
+        deadline = time.monotonic()
+        while not self._stop.is_set():
+            self.run_once()
+            deadline += self.interval
+            now = time.monotonic()
+            if deadline < now:  # a slow collection: skip the missed ticks, do not burst
+                deadline = now
+            if self._stop.wait(deadline - now):
+                break
+
+    def run_once(self) -> None:
+        if self._hung is not None:
+            if not self._hung.done():
+                return  # still stuck; counted once when it timed out
+            log.info("source %s: the hung collection returned after all", self.name)
+            self._hung = None
+        started = time.monotonic()
+        future = self._worker.submit(self.source.collect)
+        try:
+            batch = future.result(timeout=self.timeout)
+        except FutureTimeout:
+            self._hung = future
+            self._fail("timeout", f"collection still running after {self.timeout:g}s (timeout)")
+        except SourceError as exc:
+            self._fail(exc.reason, str(exc))
+        except Exception as exc:
+            self._fail("exception", f"{exc.__class__.__name__}: {exc}", exc_info=exc)
+        else:
+            self._succeed(batch)
+        self.last_duration = time.monotonic() - started
+        self.collections += 1
+        self.completed.set()
+        self._on_done()
+
+    def _succeed(self, batch: Batch) -> None:
+        for reason in batch.errors:
+            self.errors[reason] += 1
+        self._publish(self.name, batch)
+        if not self.up and self._last_reason is not None:
+            log.info("source %s: recovered", self.name)
+        self.up = True
+        self._last_reason = None
+        self.last_success = self._clock()
+
+    def _fail(self, reason: str, message: str, exc_info: BaseException | None = None) -> None:
+        self.errors[reason] += 1
+        self._publish(self.name, None)
+        if self.up or reason != self._last_reason:  # log transitions, not every failed tick
+            log.warning("source %s is down (%s): %s", self.name, reason, message, exc_info=exc_info)
+        self.up = False
+        self._last_reason = reason

@@ -1,0 +1,1 @@
+"""Background samplers. Each module holds one source; `base` is the interface they share."""

@@ -1,0 +1,300 @@
+"""The NVML source: per-GPU telemetry from a GPU backend (the driver, or the simulator)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import catalog as c
+from ..exposition import Batch
+from ..gpu.api import (
+    DRIVER_NOT_LOADED,
+    FI_NVLINK_DATA_RX_KIB,
+    FI_NVLINK_DATA_TX_KIB,
+    FI_NVLINK_LINK_COUNT,
+    FI_PCIE_RX_BYTES,
+    FI_PCIE_TX_BYTES,
+    GPU_IS_LOST,
+    LIBRARY_NOT_FOUND,
+    NOT_SUPPORTED,
+    THROTTLE_REASONS,
+    GpuBackend,
+    GpuError,
+)
+from ..gpu_processes import GpuHolder, GpuProcessTable
+from .base import SourceError
+
+log = logging.getLogger(__name__)
+
+NVML_MISSING = (
+    "NVML not found (libnvidia-ml.so.1 could not be loaded, or no NVIDIA driver): no GPU metrics. "
+    "The other sources keep running. On a GPU node, mount the driver libraries into the container; "
+    "without GPUs, use --simulate N for simulated GPUs or --nvml.enabled=false to turn this off."
+)
+
+
+class _Lost(Exception):
+    pass
+
+
+@dataclass
+class _GpuState:
+    index: int
+    handle: Any
+    labels: tuple[str, str]
+    info: tuple[str, ...]
+    cpus: frozenset[int] = frozenset()
+    lost: bool = False
+    unsupported: set[str] = field(default_factory=set)
+    links: list[int] = field(default_factory=list)
+    fields: list[tuple[int, int]] = field(default_factory=list)
+    last_sample_us: int = 0
+    sample_period_us: int = 0  # smallest gap seen between samples: NVML's sampling period
+    idle_seconds: float = 0.0
+    sampled_seconds: float = 0.0
+    xids: dict[int, int] = field(default_factory=dict)
+    last_xid: float | None = None
+
+
+class NvmlSource:
+    name = "nvml"
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        processes: GpuProcessTable | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.backend = backend
+        self.processes = processes or GpuProcessTable()
+        self._clock = clock
+        self._gpus: list[_GpuState] | None = None
+        self._announced_missing = False
+
+    # --- discovery --------------------------------------------------------------------------------
+
+    def _discover(self) -> list[_GpuState]:
+        try:
+            self.backend.init()
+        except GpuError as exc:
+            if exc.code in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED):
+                raise SourceError("nvml_not_found", NVML_MISSING) from None
+            raise SourceError(exc.reason, f"nvmlInit failed: {exc}") from None
+        driver = self.backend.driver_version()
+        gpus = []
+        for index in range(self.backend.device_count()):
+            handle = self.backend.device_handle(index)
+            try:
+                uuid = self.backend.device_uuid(handle)
+                identity = (self.backend.device_name(handle), self.backend.device_pci_bus_id(handle))
+                lost = False
+            except GpuError as exc:
+                if exc.code != GPU_IS_LOST:
+                    raise
+                log.error("nvml: GPU %d is lost at start-up; it is reported as down", index)
+                uuid, identity, lost = "unknown", ("unknown", "unknown"), True
+            state = _GpuState(
+                index=index, handle=handle, labels=(str(index), uuid),
+                info=(str(index), uuid, *identity, driver), lost=lost,
+            )
+            try:
+                cpus = self._optional(state, "cpu_affinity", self.backend.device_cpu_affinity)
+                state.cpus = cpus or frozenset()
+                self._optional(state, "xid_events", self.backend.xid_events_register)
+                link_count = self._fields(state, [(FI_NVLINK_LINK_COUNT, 0)])[0] or 0
+                state.links = [link for link in range(link_count) if self._optional(
+                    state, f"nvlink_{link}", self.backend.device_nvlink_active, link)]
+            except _Lost:
+                state.lost = True
+            state.fields = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)]
+            for link in state.links:
+                state.fields += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
+            gpus.append(state)
+        log.info("nvml: %d GPU(s) found through the %s backend, driver %s",
+                 len(gpus), self.backend.name, driver)
+        return gpus
+
+    def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
+        """Call a per-GPU query; a query the GPU does not support is remembered and not asked again."""
+        if key in gpu.unsupported:
+            return None
+        try:
+            return call(gpu.handle, *args)
+        except GpuError as exc:
+            if exc.code == NOT_SUPPORTED:
+                gpu.unsupported.add(key)
+                log.debug("nvml: GPU %d does not support %s", gpu.index, key)
+                return None
+            if exc.code == GPU_IS_LOST:
+                raise _Lost from None
+            raise
+
+    def _fields(self, gpu: _GpuState, fields: list[tuple[int, int]]) -> list[int | None]:
+        values = self._optional(gpu, "field_values", self.backend.device_field_values, fields)
+        return values if values is not None else [None] * len(fields)
+
+    # --- collection -------------------------------------------------------------------------------
+
+    def collect(self) -> Batch:
+        batch = Batch()
+        holders: dict[int, list[GpuHolder]] = {}
+        try:
+            if self._gpus is None:
+                self._gpus = self._discover()
+            self._drain_xids()
+            for gpu in self._gpus:
+                batch.add(c.GPU_INFO, gpu.info, 1)
+                self._add_xids(gpu, batch)
+                try:
+                    self._collect_gpu(gpu, batch, holders)
+                except _Lost:
+                    if not gpu.lost:
+                        log.error("nvml: GPU %d (%s) is lost: it fell off the bus or needs a reset",
+                                  gpu.index, gpu.labels[1])
+                        batch.errors.append("nvml_gpu_is_lost")
+                    gpu.lost = True
+                    batch.add(c.GPU_UP, gpu.labels, 0)
+                except GpuError as exc:  # this GPU's data is incomplete this round; the others are fine
+                    batch.errors.append(exc.reason)
+                    log.debug("nvml: GPU %d: %s", gpu.index, exc)
+                    batch.add(c.GPU_UP, gpu.labels, 1)
+        except GpuError as exc:
+            raise SourceError(exc.reason, f"NVML call failed: {exc}") from None
+        self.processes.replace({pid: tuple(hs) for pid, hs in holders.items()})
+        return batch
+
+    def _collect_gpu(self, gpu: _GpuState, batch: Batch, holders: dict[int, list[GpuHolder]]) -> None:
+        read = self._optional
+        labels = gpu.labels
+        util = read(gpu, "utilization", self.backend.device_utilization_percent)
+        if gpu.lost:
+            log.warning("nvml: GPU %d answers again", gpu.index)
+            gpu.lost = False
+            if gpu.labels[1] == "unknown":  # lost since start-up: learn its identity now
+                self._gpus = None
+        staged: list[tuple[c.Metric, tuple[str, ...], float]] = []
+        add = staged.append
+        if util is not None:
+            add((c.GPU_UTILIZATION, labels, util / 100.0))
+        self._integrate_samples(gpu)
+        if gpu.sampled_seconds or "samples" not in gpu.unsupported:
+            add((c.GPU_IDLE_SECONDS, labels, gpu.idle_seconds))
+            add((c.GPU_SAMPLED_SECONDS, labels, gpu.sampled_seconds))
+        memory = read(gpu, "memory", self.backend.device_memory)
+        if memory is not None:
+            add((c.GPU_MEMORY_USED, labels, memory[0]))
+            add((c.GPU_MEMORY_TOTAL, labels, memory[1]))
+        power = read(gpu, "power", self.backend.device_power_milliwatts)
+        if power is not None:
+            add((c.GPU_POWER, labels, power / 1000.0))
+        energy = read(gpu, "energy", self.backend.device_energy_millijoules)
+        if energy is not None:
+            add((c.GPU_ENERGY, labels, energy / 1000.0))
+        temperature = read(gpu, "temperature", self.backend.device_temperature_celsius)
+        if temperature is not None:
+            add((c.GPU_TEMPERATURE, labels, temperature))
+        clock = read(gpu, "sm_clock", self.backend.device_sm_clock_mhz)
+        if clock is not None:
+            add((c.GPU_SM_CLOCK, labels, clock * 1e6))
+        for policy, reason in THROTTLE_REASONS.items():
+            ns = read(gpu, f"violation_{reason}", self.backend.device_violation_nanoseconds, policy)
+            if ns is not None:
+                add((c.GPU_THROTTLE_SECONDS, (*labels, reason), ns / 1e9))
+        for error_type, uncorrected in (("corrected", False), ("uncorrected", True)):
+            count = read(gpu, f"ecc_{error_type}", self.backend.device_ecc_errors, uncorrected)
+            if count is not None:
+                add((c.GPU_ECC_ERRORS, (*labels, error_type), count))
+        values = self._fields(gpu, gpu.fields)
+        if values[0] is not None:
+            add((c.GPU_PCIE_TX, labels, values[0]))
+        if values[1] is not None:
+            add((c.GPU_PCIE_RX, labels, values[1]))
+        for i, link in enumerate(gpu.links):
+            tx, rx = values[2 + 2 * i], values[3 + 2 * i]
+            if tx is not None:
+                add((c.GPU_NVLINK_TX, (*labels, str(link)), tx * 1024))
+            if rx is not None:
+                add((c.GPU_NVLINK_RX, (*labels, str(link)), rx * 1024))
+        processes = read(gpu, "processes", self.backend.device_compute_processes)
+        if processes is not None:
+            add((c.GPU_ALLOCATED, labels, 1 if processes else 0))
+            holder = GpuHolder(labels[0], labels[1], gpu.cpus)
+            for proc in processes:
+                holders.setdefault(proc.pid, []).append(holder)
+                if proc.used_memory_bytes is not None:
+                    add((c.GPU_PROCESS_MEMORY, (*labels, str(proc.pid)), proc.used_memory_bytes))
+        if read(gpu, "mig", self.backend.device_mig_enabled):
+            self._collect_mig(gpu, staged)
+        batch.add(c.GPU_UP, labels, 1)
+        for metric, metric_labels, value in staged:
+            batch.add(metric, metric_labels, value)
+
+    def _integrate_samples(self, gpu: _GpuState) -> None:
+        """Add every NVML utilization sample newer than the last one seen to the idle counter.
+
+        Each sample is the busy percentage over the period since the previous sample. Where samples
+        were lost (NVML's buffer overflowed while we were stuck), a sample is credited with one
+        sampling period only, so the counters never invent time nobody measured.
+        """
+        samples = self._optional(gpu, "samples", self.backend.device_utilization_samples, gpu.last_sample_us)
+        if not samples:
+            return
+        last = gpu.last_sample_us
+        period = gpu.sample_period_us
+        idle = sampled = 0.0
+        for ts, percent in sorted(samples):
+            if ts <= last:
+                continue
+            if last:
+                gap = ts - last
+                if period == 0 or gap < period:
+                    period = gap
+                covered = min(gap, 2 * period) / 1e6
+                sampled += covered
+                idle += covered * (1.0 - min(max(percent, 0.0), 100.0) / 100.0)
+            last = ts
+        gpu.last_sample_us = last
+        gpu.sample_period_us = period
+        gpu.idle_seconds += idle
+        gpu.sampled_seconds += sampled
+
+    def _collect_mig(self, gpu: _GpuState, staged: list[tuple[c.Metric, tuple[str, ...], float]]) -> None:
+        handles = self._optional(gpu, "mig_handles", self.backend.device_mig_handles) or []
+        for mig in handles:
+            mig_uuid = self.backend.device_uuid(mig)
+            gi, ci = self.backend.mig_instance_ids(mig)
+            name = self.backend.device_name(mig)
+            profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
+            staged.append((c.MIG_INFO, (*gpu.labels, mig_uuid, str(gi), str(ci), profile), 1))
+            used, total = self.backend.device_memory(mig)
+            staged.append((c.MIG_MEMORY_USED, (*gpu.labels, mig_uuid), used))
+            staged.append((c.MIG_MEMORY_TOTAL, (*gpu.labels, mig_uuid), total))
+
+    def _drain_xids(self) -> None:
+        assert self._gpus is not None
+        events = self.backend.xid_events_poll()
+        now = self._clock()
+        for event in events:
+            if not 0 <= event.gpu_index < len(self._gpus):
+                continue
+            gpu = self._gpus[event.gpu_index]
+            gpu.xids[event.xid] = gpu.xids.get(event.xid, 0) + 1
+            gpu.last_xid = now
+            log.warning("nvml: XID %d on GPU %d (%s)", event.xid, gpu.index, gpu.labels[1])
+
+    @staticmethod
+    def _add_xids(gpu: _GpuState, batch: Batch) -> None:
+        if gpu.last_xid is None:
+            return
+        for xid, count in sorted(gpu.xids.items()):
+            batch.add(c.GPU_XID_ERRORS, (*gpu.labels, str(xid)), count)
+        batch.add(c.GPU_LAST_XID, gpu.labels, gpu.last_xid)
+
+    def close(self) -> None:
+        if self._gpus is not None:
+            with contextlib.suppress(GpuError):
+                self.backend.shutdown()
