@@ -1,0 +1,50 @@
+# goodput-exporter: `make demo` runs the daemon on simulated GPUs, `make test` installs everything and
+# runs the suite, `make bench` writes bench/results.md.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+DEMO_ADDRESS ?= 127.0.0.1:9445
+# Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
+# node_exporter as the latency yardstick).
+APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: demo test bench lint docs deps venv clean
+
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+deps:
+	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
+	    || ! command -v prometheus-node-exporter >/dev/null; then \
+	  echo "installing Debian packages: $(APT_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	    --no-install-recommends $(APT_PACKAGES) >/dev/null; \
+	fi
+
+demo: venv
+	@echo "goodput-exporter with 8 simulated GPUs (Ctrl-C stops it):"
+	@echo "  metrics   http://$(DEMO_ADDRESS)/metrics"
+	@echo "  health    http://$(DEMO_ADDRESS)/healthz   ready: http://$(DEMO_ADDRESS)/readyz"
+	$(BIN)/goodput-exporter serve --simulate 8 --web.listen-address $(DEMO_ADDRESS)
+
+lint: venv
+	$(BIN)/ruff check exporter tests bench
+
+test: deps venv lint
+	$(BIN)/pytest -q
+
+bench: deps venv
+	$(BIN)/python bench/run.py
+
+docs: venv
+	$(BIN)/goodput-exporter metrics-doc > docs/metrics.md
+	$(BIN)/goodput-exporter config-doc > docs/configuration.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache bench/.work *.egg-info
