@@ -20,7 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 ENV_PREFIX = "GOODPUT_"
 DEFAULT_PORT = 9445
@@ -152,6 +160,13 @@ class SimulateConfig(_Section):
     busy: Duration = Field(0.1, description="Busy time per cycle for pattern=square.")
     idle: Duration = Field(0.1, description="Idle time per cycle for pattern=square.")
     faults: list[FaultSpec] = Field(default_factory=list, description="Faults injected on a schedule.")
+
+    @model_validator(mode="after")
+    def _faults_name_simulated_gpus(self) -> SimulateConfig:
+        for i, fault in enumerate(self.faults):
+            if fault.gpu >= self.gpus:
+                raise ValueError(f"faults.{i}.gpu: GPU {fault.gpu} is not simulated (gpus: {self.gpus})")
+        return self
 
 
 class Config(_Section):

@@ -56,6 +56,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ("- a\n- b\n", [], {}, "top level must be a mapping"),
     ("nvml: [\n", [], {}, "not valid YAML"),
     ("simulate:\n  faults:\n    - {at: 1s, kind: melt}\n", [], {}, "simulate.faults.0.kind"),
+    ("simulate:\n  gpus: 2\n  faults:\n    - {at: 1s, gpu: 2, kind: lost}\n", [], {},
+     "simulate: faults.0.gpu: GPU 2 is not simulated"),
 ])
 def test_errors_name_the_key(tmp_path: Path, text: str, flags: list[str], env: dict[str, str],
                              expected: str) -> None:

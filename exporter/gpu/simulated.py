@@ -196,6 +196,10 @@ class SimulatedGpus:
     def _pattern_time(self, gpu: _Gpu, t: float) -> float:
         return t - self._start + gpu.offset
 
+    @property
+    def count(self) -> int:
+        return len(self._gpus)
+
     def truth_idle_seconds(self, index: int, t0: float, t1: float) -> float:
         """Exact idle seconds of GPU `index` between two sim-clock times."""
         gpu = self._gpus[index]
@@ -473,10 +477,10 @@ def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event) -> 
         for fault in sorted(faults, key=lambda f: f.at):
             if stop.wait(max(0.0, start + fault.at - time.monotonic())):
                 return
-            log.warning("simulate: injecting %s on GPU %d", fault.kind, fault.gpu)
-            if fault.gpu >= sim.device_count():
-                log.error("simulate: fault names GPU %d, only %d simulated", fault.gpu, sim.device_count())
+            if fault.gpu >= sim.count:
+                log.error("simulate: fault names GPU %d, only %d simulated", fault.gpu, sim.count)
                 continue
+            log.warning("simulate: injecting %s on GPU %d", fault.kind, fault.gpu)
             match fault.kind:
                 case "lost":
                     sim.lose(fault.gpu)
