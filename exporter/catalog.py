@@ -55,7 +55,8 @@ GPU_INFO = _m(
     (*GPU, "model", "pci_bus_id", "driver_version"), "nvml")
 GPU_UP = _m(
     "goodput_gpu_up", Kind.GAUGE, "",
-    "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset).",
+    "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset) or answers "
+    "no query at all.",
     GPU, "nvml")
 GPU_UTILIZATION = _m(
     "goodput_gpu_utilization_ratio", Kind.GAUGE, "ratio",

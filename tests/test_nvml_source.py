@@ -7,8 +7,9 @@ import itertools
 import pytest
 from conftest import ManualClock, samples, series, value
 
+from exporter import catalog as c
 from exporter.exposition import TEXT, Renderer
-from exporter.gpu.api import UNKNOWN
+from exporter.gpu.api import FUNCTION_NOT_FOUND, GPU_IS_LOST, NO_PERMISSION, UNKNOWN, GpuError
 from exporter.gpu.simulated import Pattern, SimulatedGpus
 from exporter.sources.base import SourceError
 from exporter.sources.nvml import NvmlSource
@@ -197,43 +198,142 @@ def test_unsupported_fields_are_absent_and_asked_once() -> None:
 def test_raising_call_on_one_gpu_is_counted_and_the_rest_reported() -> None:
     clock, sim, source = setup(2)
     clock.advance(1)
-    sim.fail("device_memory", UNKNOWN, gpu=1, calls=1)
-    batch = source.collect()
-    text = Renderer().render(batch, TEXT).decode()
-    assert batch.errors == ["nvml_unknown"]
-    assert value(text, "goodput_gpu_up", gpu="1") == 1
-    assert value(text, "goodput_gpu_memory_used_bytes", gpu="1") is None
-    assert value(text, "goodput_gpu_memory_used_bytes", gpu="0") is not None
+    sim.fail("device_memory", UNKNOWN, gpu=1)
+    for _ in range(3):
+        clock.advance(1)
+        batch = source.collect()
+        text = Renderer().render(batch, TEXT).decode()
+        assert batch.errors == ["nvml_unknown"]
+        assert value(text, "goodput_gpu_up", gpu="1") == 1
+        assert value(text, "goodput_gpu_memory_used_bytes", gpu="1") is None
+        assert value(text, "goodput_gpu_power_watts", gpu="1") is not None  # the rest of GPU 1 is there
+        assert value(text, "goodput_gpu_idle_seconds_total", gpu="1") is not None
+        assert value(text, "goodput_gpu_memory_used_bytes", gpu="0") is not None
+    sim.clear_faults()
     clock.advance(1)
     text = scrape(source)
     assert value(text, "goodput_gpu_memory_used_bytes", gpu="1") is not None
 
 
-def test_global_nvml_failure_fails_the_collection() -> None:
+def test_driver_without_a_call_counts_as_unsupported() -> None:
+    clock, sim, source = setup(1)
+    sim.fail("device_compute_processes", FUNCTION_NOT_FOUND)
+    clock.advance(1)
+    batch = source.collect()
+    assert batch.errors == []
+    text = Renderer().render(batch, TEXT).decode()
+    assert value(text, "goodput_gpu_allocated", gpu="0") is None
+    assert value(text, "goodput_gpu_power_watts", gpu="0") is not None
+
+
+def test_failed_discovery_fails_the_collection_and_clears_processes() -> None:
     clock, sim, source = setup(2)
+    sim.attach_process(0, 4242)
     clock.advance(1)
     scrape(source)
-    sim.fail("xid_events_poll", UNKNOWN)
+    assert 4242 in source.processes.snapshot()
+    source._gpus = None  # force discovery again, now against a failing driver
+    sim.fail("device_count", UNKNOWN)
     with pytest.raises(SourceError) as info:
         source.collect()
     assert info.value.reason == "nvml_unknown"
+    assert source.processes.snapshot() == {}
     sim.clear_faults()
     assert value(scrape(source), "goodput_gpu_up", gpu="0") == 1
 
 
-def test_gpu_lost_at_start_is_reported_down() -> None:
+def test_xid_poll_failure_is_counted_and_gpus_still_reported() -> None:
+    clock, sim, source = setup(2)
+    clock.advance(1)
+    scrape(source)
+    sim.fail("xid_events_poll", GPU_IS_LOST, calls=1)
+    clock.advance(1)
+    batch = source.collect()
+    assert batch.errors == ["nvml_gpu_is_lost"]
+    assert len(batch.values(c.GPU_UP)) == 2
+
+
+def test_gpu_lost_at_start_is_reported_down_then_identified() -> None:
     clock, sim, source = setup(2)
     sim.lose(1)
     clock.advance(1)
     text = scrape(source)
     assert value(text, "goodput_gpu_up", gpu="1", uuid="unknown") == 0
+    assert value(text, "goodput_gpu_info", gpu="1", uuid="unknown") == 1
     assert value(text, "goodput_gpu_up", gpu="0") == 1
-    sim._gpus[1].lost = False  # reset by an operator: the GPU is discovered again, with its identity
-    clock.advance(1)
-    scrape(source)
+    sampled_before = value(text, "goodput_gpu_sampled_seconds_total", gpu="0")
+    sim._gpus[1].lost = False  # reset by an operator
     clock.advance(1)
     text = scrape(source)
-    assert value(text, "goodput_gpu_up", gpu="1", uuid=sim.device_uuid(sim.device_handle(1))) == 1
+    uuid = sim.device_uuid(sim.device_handle(1))
+    assert value(text, "goodput_gpu_up", gpu="1", uuid=uuid) == 1
+    assert value(text, "goodput_gpu_info", gpu="1", uuid=uuid) == 1
+    assert value(text, "goodput_gpu_sampled_seconds_total", gpu="0") > sampled_before  # GPU 0 kept counting
+
+
+def test_unreadable_handle_at_start_does_not_stop_discovery() -> None:
+    clock, sim, source = setup(3)
+    original = sim.device_handle
+
+    def handle(index):  # type: ignore[no-untyped-def]
+        if index == 2:
+            raise GpuError(NO_PERMISSION, "no permission")
+        return original(index)
+
+    sim.device_handle = handle  # type: ignore[method-assign]
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_up", gpu="2") == 0
+    assert value(text, "goodput_gpu_up", gpu="0") == 1 and value(text, "goodput_gpu_up", gpu="1") == 1
+
+
+def test_lost_gpu_with_unsupported_utilization_does_not_flap() -> None:
+    clock, sim, source = setup(1)
+    sim.set_unsupported(0, "device_utilization_percent")
+    clock.advance(1)
+    scrape(source)
+    sim.lose(0)
+    errors = []
+    for _ in range(4):
+        clock.advance(1)
+        batch = source.collect()
+        errors += batch.errors
+        assert batch.values(c.GPU_UP) == {("0", sim._gpus[0].uuid): 0}
+    assert errors == ["nvml_gpu_is_lost"]
+
+
+def test_irregular_sample_periods_are_fully_credited() -> None:
+    """Real NVML sampling periods jitter; a short gap must not cap the credit of later ones."""
+
+    class Jittery(SimulatedGpus):
+        def device_utilization_samples(self, handle, since_us):  # type: ignore[no-untyped-def]
+            out = []
+            for ts, pct in super().device_utilization_samples(handle, since_us):
+                out.append((ts - 40_000 if (ts // 166_667) % 7 == 0 else ts, pct))
+            return [sample for sample in out if sample[0] > since_us]
+
+    clock = ManualClock()
+    sim = Jittery(1, clock=clock, pattern="square", busy=0.1, idle=0.1)
+    source = NvmlSource(sim, clock=clock)
+    clock.advance(1)
+    first = source.collect().values(c.GPU_SAMPLED_SECONDS)
+    for _ in range(20):
+        clock.advance(1)
+        last = source.collect().values(c.GPU_SAMPLED_SECONDS)
+    (key,) = last
+    assert last[key] - first[key] == pytest.approx(20, abs=0.5)
+
+
+def test_a_pid_listed_twice_is_one_series() -> None:
+    clock, sim, source = setup(1)
+    original = sim.device_compute_processes
+    sim.device_compute_processes = lambda handle: original(handle) * 2  # type: ignore[method-assign]
+    sim.attach_process(0, 4242, 2**30)
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_process_memory_used_bytes", gpu="0", pid="4242") == 2 * 2**30
+    assert len(series(text, "goodput_gpu_process_memory_used_bytes")) == 1
+    assert len(source.processes.snapshot()[4242]) == 1
 
 
 def test_allocation_and_process_memory() -> None:

@@ -17,6 +17,7 @@ NOT_FOUND = 6
 DRIVER_NOT_LOADED = 9
 TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
+FUNCTION_NOT_FOUND = 13  # the driver is older than the call
 GPU_IS_LOST = 15
 UNKNOWN = 999
 
@@ -27,6 +28,7 @@ ERROR_NAMES = {
     DRIVER_NOT_LOADED: "driver_not_loaded",
     TIMEOUT: "timeout",
     LIBRARY_NOT_FOUND: "library_not_found",
+    FUNCTION_NOT_FOUND: "function_not_found",
     GPU_IS_LOST: "gpu_is_lost",
     UNKNOWN: "unknown",
 }

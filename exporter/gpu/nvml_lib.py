@@ -8,7 +8,7 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from .api import NOT_FOUND, TIMEOUT, GpuError, Handle, Process, XidEvent
+from .api import FUNCTION_NOT_FOUND, NOT_FOUND, TIMEOUT, GpuError, Handle, Process, XidEvent
 
 T = TypeVar("T")
 
@@ -20,6 +20,8 @@ def _translated(fn: Callable[..., T]) -> Callable[..., T]:
             return fn(*args, **kwargs)
         except pynvml.NVMLError as exc:
             raise GpuError(int(exc.value), str(exc)) from None
+        except pynvml.NVMLLibraryMismatchError as exc:  # a versioned call this driver does not have
+            raise GpuError(FUNCTION_NOT_FOUND, str(exc)) from None
 
     return wrapper
 
@@ -191,17 +193,18 @@ class NvmlLibrary:
 
     @_translated
     def xid_events_poll(self) -> list[XidEvent]:
+        """Drain pending XID events. Events read before an error are returned, not lost."""
         events: list[XidEvent] = []
         if self._event_set is None:
             return events
         for _ in range(10_000):
             try:
                 data = pynvml.nvmlEventSetWait(self._event_set, 0)
+                if data.eventType != pynvml.nvmlEventTypeXidCriticalError:
+                    continue
+                events.append(XidEvent(int(pynvml.nvmlDeviceGetIndex(data.device)), int(data.eventData)))
             except pynvml.NVMLError as exc:
-                if exc.value == TIMEOUT:
+                if exc.value == TIMEOUT or events:  # no more events, or keep what was read
                     break
                 raise
-            if data.eventType == pynvml.nvmlEventTypeXidCriticalError:
-                events.append(XidEvent(int(pynvml.nvmlDeviceGetIndex(data.device)), int(data.eventData)))
         return events
-

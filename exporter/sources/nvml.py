@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -18,10 +19,12 @@ from ..gpu.api import (
     FI_NVLINK_LINK_COUNT,
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
+    FUNCTION_NOT_FOUND,
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NOT_SUPPORTED,
     THROTTLE_REASONS,
+    UNKNOWN,
     GpuBackend,
     GpuError,
 )
@@ -35,6 +38,11 @@ NVML_MISSING = (
     "The other sources keep running. On a GPU node, mount the driver libraries into the container; "
     "without GPUs, use --simulate N for simulated GPUs or --nvml.enabled=false to turn this off."
 )
+
+
+UNKNOWN_UUID = "unknown"
+UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
+UNANSWERED = -1  # internal: every query of a GPU failed (the failures are counted one by one)
 
 
 class _Lost(Exception):
@@ -53,7 +61,7 @@ class _GpuState:
     links: list[int] = field(default_factory=list)
     fields: list[tuple[int, int]] = field(default_factory=list)
     last_sample_us: int = 0
-    sample_period_us: int = 0  # smallest gap seen between samples: NVML's sampling period
+    sample_period_us: int = 0  # smallest gap between samples of the last answer: NVML's sampling period
     idle_seconds: float = 0.0
     sampled_seconds: float = 0.0
     xids: dict[int, int] = field(default_factory=dict)
@@ -73,7 +81,9 @@ class NvmlSource:
         self.processes = processes or GpuProcessTable()
         self._clock = clock
         self._gpus: list[_GpuState] | None = None
-        self._announced_missing = False
+        self._driver = ""
+        self._errors: list[str] = []
+        self._answers = 0  # successful per-GPU queries, to tell a silent GPU from one with gaps
 
     # --- discovery --------------------------------------------------------------------------------
 
@@ -84,54 +94,66 @@ class NvmlSource:
             if exc.code in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED):
                 raise SourceError("nvml_not_found", NVML_MISSING) from None
             raise SourceError(exc.reason, f"nvmlInit failed: {exc}") from None
-        driver = self.backend.driver_version()
+        self._driver = self.backend.driver_version()
         gpus = []
         for index in range(self.backend.device_count()):
-            handle = self.backend.device_handle(index)
+            state = _GpuState(index=index, handle=None, labels=(str(index), UNKNOWN_UUID),
+                              info=(str(index), UNKNOWN_UUID, "unknown", "unknown", self._driver))
             try:
-                uuid = self.backend.device_uuid(handle)
-                identity = (self.backend.device_name(handle), self.backend.device_pci_bus_id(handle))
-                lost = False
-            except GpuError as exc:
-                if exc.code != GPU_IS_LOST:
-                    raise
-                log.error("nvml: GPU %d is lost at start-up; it is reported as down", index)
-                uuid, identity, lost = "unknown", ("unknown", "unknown"), True
-            state = _GpuState(
-                index=index, handle=handle, labels=(str(index), uuid),
-                info=(str(index), uuid, *identity, driver), lost=lost,
-            )
-            try:
+                state.handle = self.backend.device_handle(index)
+                self._identify(state)
                 cpus = self._optional(state, "cpu_affinity", self.backend.device_cpu_affinity)
                 state.cpus = cpus or frozenset()
                 self._optional(state, "xid_events", self.backend.xid_events_register)
                 link_count = self._fields(state, [(FI_NVLINK_LINK_COUNT, 0)])[0] or 0
                 state.links = [link for link in range(link_count) if self._optional(
                     state, f"nvlink_{link}", self.backend.device_nvlink_active, link)]
-            except _Lost:
+            except (_Lost, GpuError) as exc:
+                reason = "gpu_is_lost" if isinstance(exc, _Lost) else exc.reason
+                log.error("nvml: GPU %d cannot be read at start-up (%s); it is reported as down", index, reason)
                 state.lost = True
             state.fields = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)]
             for link in state.links:
                 state.fields += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
             gpus.append(state)
         log.info("nvml: %d GPU(s) found through the %s backend, driver %s",
-                 len(gpus), self.backend.name, driver)
+                 len(gpus), self.backend.name, self._driver)
         return gpus
 
+    def _identify(self, gpu: _GpuState) -> None:
+        """Learn the GPU's identity (raises when it cannot be read); placeholders until then."""
+        if gpu.handle is None:
+            gpu.handle = self.backend.device_handle(gpu.index)
+        try:
+            uuid = self.backend.device_uuid(gpu.handle)
+            model = self.backend.device_name(gpu.handle)
+            bus_id = self.backend.device_pci_bus_id(gpu.handle)
+        except GpuError as exc:
+            if exc.code == GPU_IS_LOST:
+                raise _Lost from None
+            raise
+        gpu.labels = (str(gpu.index), uuid)
+        gpu.info = (str(gpu.index), uuid, model, bus_id, self._driver)
+
     def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
-        """Call a per-GPU query; a query the GPU does not support is remembered and not asked again."""
+        """Call a per-GPU query. Unsupported: remembered, never asked again. Lost: raises _Lost.
+        Any other error: counted, and the value is absent this round."""
         if key in gpu.unsupported:
             return None
         try:
-            return call(gpu.handle, *args)
+            result = call(gpu.handle, *args)
         except GpuError as exc:
-            if exc.code == NOT_SUPPORTED:
+            if exc.code in UNSUPPORTED:
                 gpu.unsupported.add(key)
                 log.debug("nvml: GPU %d does not support %s", gpu.index, key)
                 return None
             if exc.code == GPU_IS_LOST:
                 raise _Lost from None
-            raise
+            self._errors.append(exc.reason)
+            log.debug("nvml: GPU %d: %s failed: %s", gpu.index, key, exc)
+            return None
+        self._answers += 1
+        return result
 
     def _fields(self, gpu: _GpuState, fields: list[tuple[int, int]]) -> list[int | None]:
         values = self._optional(gpu, "field_values", self.backend.device_field_values, fields)
@@ -141,41 +163,44 @@ class NvmlSource:
 
     def collect(self) -> Batch:
         batch = Batch()
-        holders: dict[int, list[GpuHolder]] = {}
+        self._errors = batch.errors
+        holders: dict[int, dict[str, GpuHolder]] = {}
         try:
             if self._gpus is None:
                 self._gpus = self._discover()
             self._drain_xids()
+            silent = 0
             for gpu in self._gpus:
-                batch.add(c.GPU_INFO, gpu.info, 1)
-                self._add_xids(gpu, batch)
                 try:
+                    if gpu.labels[1] == UNKNOWN_UUID:  # not identified yet (unreadable since start-up)
+                        self._identify(gpu)
                     self._collect_gpu(gpu, batch, holders)
-                except _Lost:
-                    if not gpu.lost:
+                except (_Lost, GpuError) as exc:
+                    if isinstance(exc, GpuError):
+                        silent += 1
+                        if exc.code != UNANSWERED:
+                            batch.errors.append(exc.reason)
+                    elif not gpu.lost:
                         log.error("nvml: GPU %d (%s) is lost: it fell off the bus or needs a reset",
                                   gpu.index, gpu.labels[1])
                         batch.errors.append("nvml_gpu_is_lost")
                     gpu.lost = True
+                    batch.add(c.GPU_INFO, gpu.info, 1)
                     batch.add(c.GPU_UP, gpu.labels, 0)
-                except GpuError as exc:  # this GPU's data is incomplete this round; the others are fine
-                    batch.errors.append(exc.reason)
-                    log.debug("nvml: GPU %d: %s", gpu.index, exc)
-                    batch.add(c.GPU_UP, gpu.labels, 1)
+                self._add_xids(gpu, batch)
+            if self._gpus and silent == len(self._gpus):
+                raise GpuError(UNKNOWN, f"no GPU answered any NVML query ({', '.join(sorted(set(batch.errors)))})")
         except GpuError as exc:
+            self.processes.replace({})  # nothing known about GPU processes now
             raise SourceError(exc.reason, f"NVML call failed: {exc}") from None
-        self.processes.replace({pid: tuple(hs) for pid, hs in holders.items()})
+        self.processes.replace({pid: tuple(hs.values()) for pid, hs in holders.items()})
         return batch
 
-    def _collect_gpu(self, gpu: _GpuState, batch: Batch, holders: dict[int, list[GpuHolder]]) -> None:
+    def _collect_gpu(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
         read = self._optional
         labels = gpu.labels
+        errors_before, answers_before = len(self._errors), self._answers
         util = read(gpu, "utilization", self.backend.device_utilization_percent)
-        if gpu.lost:
-            log.warning("nvml: GPU %d answers again", gpu.index)
-            gpu.lost = False
-            if gpu.labels[1] == "unknown":  # lost since start-up: learn its identity now
-                self._gpus = None
         staged: list[tuple[c.Metric, tuple[str, ...], float]] = []
         add = staged.append
         if util is not None:
@@ -222,13 +247,23 @@ class NvmlSource:
         processes = read(gpu, "processes", self.backend.device_compute_processes)
         if processes is not None:
             add((c.GPU_ALLOCATED, labels, 1 if processes else 0))
-            holder = GpuHolder(labels[0], labels[1], gpu.cpus)
-            for proc in processes:
-                holders.setdefault(proc.pid, []).append(holder)
-                if proc.used_memory_bytes is not None:
-                    add((c.GPU_PROCESS_MEMORY, (*labels, str(proc.pid)), proc.used_memory_bytes))
+            memory_by_pid: dict[int, int | None] = {}
+            for proc in processes:  # NVML may list a PID once per MIG instance or context
+                known = memory_by_pid.get(proc.pid)
+                used = proc.used_memory_bytes
+                memory_by_pid[proc.pid] = used if known is None else known + (used or 0)
+                holders.setdefault(proc.pid, {})[labels[0]] = GpuHolder(labels[0], labels[1], gpu.cpus)
+            for pid, used in memory_by_pid.items():
+                if used is not None:
+                    add((c.GPU_PROCESS_MEMORY, (*labels, str(pid)), used))
         if read(gpu, "mig", self.backend.device_mig_enabled):
             self._collect_mig(gpu, staged)
+        if self._answers == answers_before and len(self._errors) > errors_before:
+            raise GpuError(UNANSWERED, "the GPU answered no query")
+        if gpu.lost:
+            log.warning("nvml: GPU %d (%s) answers again", gpu.index, labels[1])
+            gpu.lost = False
+        batch.add(c.GPU_INFO, gpu.info, 1)
         batch.add(c.GPU_UP, labels, 1)
         for metric, metric_labels, value in staged:
             batch.add(metric, metric_labels, value)
@@ -236,29 +271,31 @@ class NvmlSource:
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.
 
-        Each sample is the busy percentage over the period since the previous sample. Where samples
-        were lost (NVML's buffer overflowed while we were stuck), a sample is credited with one
-        sampling period only, so the counters never invent time nobody measured.
+        Each sample is the busy percentage over the period since the previous sample. Samples within
+        one answer are contiguous; only the gap back to the previous answer can hide samples NVML's
+        buffer dropped (we were stuck longer than it holds). That gap is credited with one sampling
+        period, so the counters never invent time nobody measured.
         """
         samples = self._optional(gpu, "samples", self.backend.device_utilization_samples, gpu.last_sample_us)
         if not samples:
             return
         last = gpu.last_sample_us
+        fresh = sorted(sample for sample in samples if sample[0] > last)
+        gaps = [b[0] - a[0] for a, b in itertools.pairwise(fresh)]
+        if gaps:
+            gpu.sample_period_us = min(gaps)
         period = gpu.sample_period_us
         idle = sampled = 0.0
-        for ts, percent in sorted(samples):
-            if ts <= last:
-                continue
+        for ts, percent in fresh:
             if last:
                 gap = ts - last
-                if period == 0 or gap < period:
-                    period = gap
-                covered = min(gap, 2 * period) / 1e6
+                if ts == fresh[0][0] and period and gap > 2 * period:
+                    gap = period
+                covered = gap / 1e6
                 sampled += covered
                 idle += covered * (1.0 - min(max(percent, 0.0), 100.0) / 100.0)
             last = ts
         gpu.last_sample_us = last
-        gpu.sample_period_us = period
         gpu.idle_seconds += idle
         gpu.sampled_seconds += sampled
 
@@ -276,7 +313,12 @@ class NvmlSource:
 
     def _drain_xids(self) -> None:
         assert self._gpus is not None
-        events = self.backend.xid_events_poll()
+        try:
+            events = self.backend.xid_events_poll()
+        except GpuError as exc:  # e.g. a lost GPU: the per-GPU series still say what is known
+            self._errors.append(exc.reason)
+            log.warning("nvml: reading XID events failed: %s", exc)
+            return
         now = self._clock()
         for event in events:
             if not 0 <= event.gpu_index < len(self._gpus):
