@@ -52,13 +52,14 @@ def _escape_label(value: str) -> str:
     return value
 
 
-def _escape_help(text: str) -> str:
-    return text.replace("\\", "\\\\").replace("\n", "\\n")
+def _escape_help(text: str, fmt: str) -> str:
+    text = text.replace("\\", "\\\\").replace("\n", "\\n")
+    return text.replace('"', '\\"') if fmt == OPENMETRICS else text
 
 
 def format_value(value: float) -> str:
-    if value.__class__ is int:
-        return str(value)
+    if isinstance(value, int):  # bool and other int subclasses too
+        return str(int(value))
     if value != value:  # NaN
         return "NaN"
     if math.isinf(value):
@@ -99,18 +100,19 @@ class Renderer:
             name = metric.name
             for labels, value in rows:
                 out.append(self._series_prefix(name, metric, labels) + format_value(value) + "\n")
-        return "".join(out).encode()
+        # Label values come from the system (process names, device names): never fail on bad bytes.
+        return "".join(out).encode("utf-8", errors="replace")
 
 
 def header(metric: Metric, fmt: str) -> str:
     if fmt == OPENMETRICS:
         family = metric.family
-        lines = f"# HELP {family} {_escape_help(metric.help)}\n# TYPE {family} {metric.kind.value}\n"
+        lines = f"# HELP {family} {_escape_help(metric.help, fmt)}\n# TYPE {family} {metric.kind.value}\n"
         if metric.unit and metric.unit != "ratio" and family.endswith("_" + metric.unit):
             lines += f"# UNIT {family} {metric.unit}\n"
         return lines
     kind = "gauge" if metric.kind is Kind.INFO else metric.kind.value
-    return f"# HELP {metric.name} {_escape_help(metric.help)}\n# TYPE {metric.name} {kind}\n"
+    return f"# HELP {metric.name} {_escape_help(metric.help, fmt)}\n# TYPE {metric.name} {kind}\n"
 
 
 def join(parts: Iterable[bytes], fmt: str) -> bytes:

@@ -94,16 +94,22 @@ class SourceRunner:
         except Exception as exc:
             self._fail("exception", f"{exc.__class__.__name__}: {exc}", exc_info=exc)
         else:
-            self._succeed(batch)
+            try:
+                self._succeed(batch)
+            except Exception as exc:  # a batch that cannot be published must not end the loop
+                self._fail("publish", f"{exc.__class__.__name__}: {exc}", exc_info=exc)
         self.last_duration = time.monotonic() - started
         self.collections += 1
         self.completed.set()
-        self._on_done()
+        try:
+            self._on_done()
+        except Exception:
+            log.exception("source %s: updating self-metrics failed", self.name)
 
     def _succeed(self, batch: Batch) -> None:
+        self._publish(self.name, batch)
         for reason in batch.errors:
             self.errors[reason] += 1
-        self._publish(self.name, batch)
         if not self.up and self._last_reason is not None:
             log.info("source %s: recovered", self.name)
         self.up = True
@@ -112,7 +118,10 @@ class SourceRunner:
 
     def _fail(self, reason: str, message: str, exc_info: BaseException | None = None) -> None:
         self.errors[reason] += 1
-        self._publish(self.name, None)
+        try:
+            self._publish(self.name, None)
+        except Exception:
+            log.exception("source %s: withdrawing its series failed", self.name)
         if self.up or reason != self._last_reason:  # log transitions, not every failed tick
             log.warning("source %s is down (%s): %s", self.name, reason, message, exc_info=exc_info)
         self.up = False

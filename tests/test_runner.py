@@ -94,3 +94,19 @@ def test_a_hung_source_does_not_stop_the_others() -> None:
     finally:
         for runner in runners:
             runner.stop()
+
+
+def test_a_batch_that_cannot_be_published_is_counted_and_the_loop_goes_on() -> None:
+    published: list[object] = []
+
+    def publish(name: str, batch: Batch | None) -> None:
+        if batch is not None and len(published) == 0:
+            published.append("refused")
+            raise ValueError("cannot render")
+        published.append(batch)
+
+    runner = SourceRunner(Scripted("host"), interval=1, timeout=1, publish=publish)
+    runner.run_once()
+    assert not runner.up and runner.errors["publish"] == 1
+    runner.run_once()
+    assert runner.up and isinstance(published[-1], Batch)
