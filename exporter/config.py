@@ -32,6 +32,11 @@ from pydantic import (
 
 ENV_PREFIX = "GOODPUT_"
 DEFAULT_PORT = 9445
+MAX_DURATION = 86_400.0
+# Kubernetes injects service links for a Service named goodput-exporter into every pod of the
+# namespace (GOODPUT_EXPORTER_SERVICE_HOST, GOODPUT_EXPORTER_PORT_9445_TCP, ...): not ours, ignored.
+_SERVICE_LINK = re.compile(
+    r"^[A-Z0-9_]+_(SERVICE_HOST|SERVICE_PORT(_[A-Z0-9_]+)?|PORT(_\d+_(TCP|UDP|SCTP)(_[A-Z]+)?)?)$")
 
 
 class ConfigError(Exception):
@@ -61,6 +66,8 @@ def parse_duration(value: Any) -> float:
         raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)")
     if not seconds > 0:
         raise ValueError(f"duration must be positive, got {value!r}")
+    if not seconds <= MAX_DURATION:
+        raise ValueError(f"duration {value!r} is longer than the maximum of 24h")
     return seconds
 
 
@@ -217,7 +224,7 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     known[f"{ENV_PREFIX}SIMULATE"] = ("simulate", "gpus")
     out: dict[str, dict[str, str]] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG":
+        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG" or _SERVICE_LINK.match(name):
             continue
         if name not in known:
             raise ConfigError(f"unknown environment variable {name} (known: see docs/configuration.md)")

@@ -47,6 +47,8 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ("nvml:\n  interval: soon\n", [], {}, "nvml.interval: invalid duration 'soon'"),
     ("nvml:\n  interval: -1s\n", [], {}, "nvml.interval: invalid duration"),
     ("host:\n  interval: 0\n", [], {}, "host.interval: duration must be positive"),
+    ("host:\n  interval: inf\n", [], {}, "host.interval: duration 'inf' is longer than the maximum"),
+    ("", ["--nvml.timeout", "48h"], {}, "nvml.timeout: duration '48h' is longer than the maximum of 24h"),
     ("nvml:\n  enabled: maybe\n", [], {}, "nvml.enabled"),
     ("simulate:\n  gpus: many\n", [], {}, "simulate.gpus"),
     ("", ["--web.listen-address", "localhost"], {}, "web.listen_address: invalid listen address"),
@@ -107,3 +109,17 @@ def test_port_in_use_is_a_clear_error(spawn_cli) -> None:  # type: ignore[no-unt
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in output
+
+
+def test_kubernetes_service_links_are_not_mistaken_for_config() -> None:
+    env = {
+        "GOODPUT_EXPORTER_SERVICE_HOST": "10.0.0.7",
+        "GOODPUT_EXPORTER_SERVICE_PORT": "9445",
+        "GOODPUT_EXPORTER_SERVICE_PORT_METRICS": "9445",
+        "GOODPUT_EXPORTER_PORT": "tcp://10.0.0.7:9445",
+        "GOODPUT_EXPORTER_PORT_9445_TCP": "tcp://10.0.0.7:9445",
+        "GOODPUT_EXPORTER_PORT_9445_TCP_PROTO": "tcp",
+        "GOODPUT_EXPORTER_PORT_9445_TCP_ADDR": "10.0.0.7",
+        "GOODPUT_NVML_INTERVAL": "2s",
+    }
+    assert load(None, None, environ=env).nvml.interval == 2.0
