@@ -384,3 +384,15 @@ def test_pattern_integrals_are_exact() -> None:
     assert pattern.busy_between(0.05, 0.15) == pytest.approx(0.05)
     assert pattern.busy_between(0.35, 0.45) == pytest.approx(0.05)
     assert pattern.busy_between(123.4, 123.4) == 0
+
+
+def test_an_unreadable_mig_instance_is_counted_and_the_gpu_stays_up() -> None:
+    clock, sim, source = setup(1)
+    sim.enable_mig(0, ["3g.40gb", "2g.20gb", "2g.20gb"])
+    sim.fail("mig_instance_ids", UNKNOWN, calls=1)
+    clock.advance(1)
+    batch = source.collect()
+    text = Renderer().render(batch, TEXT).decode()
+    assert batch.errors == ["nvml_unknown"]
+    assert len(series(text, "goodput_gpu_mig_info")) == 2
+    assert value(text, "goodput_gpu_up", gpu="0") == 1

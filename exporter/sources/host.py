@@ -62,7 +62,7 @@ class HostSource:
     def _collect_process(self, pid: int, holders: tuple, batch: Batch) -> bool:
         try:
             proc = self._cache.get(pid)
-            if proc is None:
+            if proc is None or not proc.is_running():  # new, or the PID was reused by another process
                 proc = self._cache[pid] = psutil.Process(pid)
             with proc.oneshot():
                 command = proc.name()

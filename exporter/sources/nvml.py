@@ -302,12 +302,16 @@ class NvmlSource:
     def _collect_mig(self, gpu: _GpuState, staged: list[tuple[c.Metric, tuple[str, ...], float]]) -> None:
         handles = self._optional(gpu, "mig_handles", self.backend.device_mig_handles) or []
         for mig in handles:
-            mig_uuid = self.backend.device_uuid(mig)
-            gi, ci = self.backend.mig_instance_ids(mig)
-            name = self.backend.device_name(mig)
+            try:
+                mig_uuid = self.backend.device_uuid(mig)
+                gi, ci = self.backend.mig_instance_ids(mig)
+                name = self.backend.device_name(mig)
+                used, total = self.backend.device_memory(mig)
+            except GpuError as exc:  # one instance unreadable: count it, report the others
+                self._errors.append(exc.reason)
+                continue
             profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
             staged.append((c.MIG_INFO, (*gpu.labels, mig_uuid, str(gi), str(ci), profile), 1))
-            used, total = self.backend.device_memory(mig)
             staged.append((c.MIG_MEMORY_USED, (*gpu.labels, mig_uuid), used))
             staged.append((c.MIG_MEMORY_TOTAL, (*gpu.labels, mig_uuid), total))
 
