@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import os
 import subprocess
 import time
 
@@ -75,7 +76,7 @@ def test_promtool_check_metrics_has_no_findings(tmp_path) -> None:  # type: igno
         backend.inject_xid(2, 79)
         backend.inject_ecc(3, 2, uncorrected=True)
         backend.enable_mig(4, ["3g.40gb", "3g.40gb"])
-        backend.attach_process(5, subprocess.os.getpid())  # type: ignore[attr-defined]
+        backend.attach_process(5, os.getpid())
         backend.throttle(6, "power", 5)
         wait_for(lambda: value(live.metrics(), "goodput_gpu_xid_errors_total", gpu="2", xid="79") == 1)
         wait_for(lambda: series(live.metrics(), "goodput_host_process_threads"))
