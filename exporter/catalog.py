@@ -14,6 +14,7 @@ class Kind(StrEnum):
     GAUGE = "gauge"
     COUNTER = "counter"
     INFO = "info"
+    HISTOGRAM = "histogram"
 
 
 @dataclass(frozen=True, eq=False)  # identity hash: one object per metric, hashed per series
@@ -24,6 +25,7 @@ class Metric:
     help: str
     labels: tuple[str, ...]
     source: str
+    buckets: tuple[float, ...] = ()  # histogram upper bounds, +Inf implied
 
     @property
     def family(self) -> str:
@@ -40,10 +42,11 @@ CATALOG: dict[str, Metric] = {}
 GPU = ("gpu", "uuid")
 
 
-def _m(name: str, kind: Kind, unit: str, help: str, labels: tuple[str, ...], source: str) -> Metric:
+def _m(name: str, kind: Kind, unit: str, help: str, labels: tuple[str, ...], source: str,
+       buckets: tuple[float, ...] = ()) -> Metric:
     if name in CATALOG:
         raise ValueError(f"metric {name} declared twice")
-    metric = Metric(name, kind, unit, help, labels, source)
+    metric = Metric(name, kind, unit, help, labels, source, buckets)
     CATALOG[name] = metric
     return metric
 
@@ -170,6 +173,34 @@ HOST_PRESSURE = _m(
     "/proc/pressure (PSI); absent where the kernel has no PSI.",
     ("resource", "kind"), "host")
 
+# --- ingest: what training jobs report ------------------------------------------------------------
+WR = ("workload", "rank")
+PHASES = ("compute", "data_wait", "comm_wait", "checkpoint", "startup", "other")
+STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+STEP_DURATION = _m(
+    "goodput_step_duration_seconds", Kind.HISTOGRAM, "seconds",
+    "Wall time of each training step reported by the job.", WR, "ingest", STEP_BUCKETS)
+STEPS = _m("goodput_steps_total", Kind.COUNTER, "", "Training steps completed.", WR, "ingest")
+TOKENS = _m("goodput_tokens_total", Kind.COUNTER, "", "Tokens processed by completed steps.", WR, "ingest")
+SAMPLES = _m("goodput_samples_total", Kind.COUNTER, "", "Samples processed by completed steps.", WR, "ingest")
+PHASE_SECONDS = _m(
+    "goodput_phase_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds the job spent per phase: compute (useful work), data_wait, comm_wait, checkpoint, startup, "
+    "other (badput).", (*WR, "phase"), "ingest")
+RESTARTS = _m(
+    "goodput_workload_restarts_total", Kind.COUNTER, "", "Restarts the job reported.", WR, "ingest")
+LAST_EVENT = _m(
+    "goodput_workload_last_event_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time the daemon last accepted an event from the workload's rank.", WR, "ingest")
+INGEST_ACCEPTED = _m(
+    "goodput_ingest_events_accepted_total", Kind.COUNTER, "",
+    "Events accepted from training jobs, by type (step, phase, lifecycle).", ("type",), "ingest")
+INGEST_REJECTED = _m(
+    "goodput_ingest_rejected_requests_total", Kind.COUNTER, "",
+    "Event requests rejected whole, by reason: invalid (bad JSON, types, values, unknown phase), oversize "
+    "(body or batch too large), unauthorized (missing or wrong token), workload_cap, rank_cap.",
+    ("reason",), "ingest")
+
 # --- the exporter itself --------------------------------------------------------------------------
 SRC = ("source",)
 SOURCE_UP = _m(
@@ -194,7 +225,7 @@ BUILD_INFO = _m(
     "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
     ("version", "python_version", "gpu_backend"), "exporter")
 
-SOURCES_ORDER = ("nvml", "host", "exporter")
+SOURCES_ORDER = ("nvml", "host", "ingest", "exporter")
 
 
 def metrics_for(source: str) -> list[Metric]:

@@ -94,11 +94,15 @@ def serve(config: Config) -> int:
 
     setup_logging(config.log.level, config.log.format)
     try:
+        daemon = Daemon(config)
+    except ConfigError as exc:
+        print(f"goodput-exporter: {exc}", file=sys.stderr)
+        return 2
+    try:
         sock = bind(config.web.listen_address)
     except OSError as exc:
         log.error("%s", exc)
         return 1
-    daemon = Daemon(config)
     daemon.start()
     host, port = sock.getsockname()[:2]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host

@@ -138,6 +138,36 @@ class HostConfig(SourceConfig):
     proc_path: str = Field("/proc", description="Mount point of the host's procfs (e.g. /host/proc in a pod).")
 
 
+def _loopback_address(value: str) -> str:
+    if value:
+        host, _ = parse_listen_address(value)
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"{value!r} is not a loopback address: the ingest API must not leave the node")
+    return value
+
+
+class IngestConfig(SourceConfig):
+    socket_path: str = Field(
+        "/run/goodput-exporter/ingest.sock",
+        description="Unix socket training jobs send events to (share it with pods through a hostPath).")
+    listen_address: Annotated[str, BeforeValidator(str)] = Field(
+        "", description="Also accept events on this loopback TCP address (HOST:PORT); empty: off.")
+    token_file: str = Field(
+        "", description="File holding a bearer token that event requests must present; empty: no token.")
+    max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest request body accepted.")
+    max_batch_events: int = Field(10_000, ge=1, description="Most events in one request.")
+    max_workloads: int = Field(32, ge=1, description="Live workloads kept on this node; more are rejected.")
+    max_ranks: int = Field(
+        512, ge=1, description="Live (workload, rank) pairs kept on this node; more are rejected.")
+    idle_timeout: Duration = Field(
+        600.0, description="A rank that reports nothing for this long has its series removed.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_loopback(cls, value: str) -> str:
+        return _loopback_address(value)
+
+
 FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise"]
 
 
@@ -181,11 +211,12 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     nvml: NvmlConfig = Field(default_factory=NvmlConfig)
     host: HostConfig = Field(default_factory=HostConfig)
+    ingest: IngestConfig = Field(default_factory=IngestConfig)
     simulate: Annotated[SimulateConfig, BeforeValidator(_simulate_shorthand)] = Field(
         default_factory=SimulateConfig)
 
     def sources(self) -> dict[str, SourceConfig]:
-        return {"nvml": self.nvml, "host": self.host}
+        return {"nvml": self.nvml, "host": self.host, "ingest": self.ingest}
 
 
 def _scalar_fields(model: type[BaseModel]) -> list[str]:

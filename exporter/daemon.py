@@ -16,6 +16,8 @@ from .config import Config
 from .exposition import OPENMETRICS, Batch
 from .gpu.api import GpuBackend
 from .gpu_processes import GpuProcessTable
+from .ingest.listener import IngestServer
+from .ingest.state import IngestSource, IngestState
 from .runner import SourceRunner
 from .sources.base import Source
 from .sources.host import HostSource
@@ -53,6 +55,12 @@ class Daemon:
         self.gpu_processes = GpuProcessTable()
         self._process_registry = _process_metrics()
         self.store = Store(extra=self._render_process_metrics)
+        self.ingest_state: IngestState | None = None
+        self.ingest_server: IngestServer | None = None
+        if config.ingest.enabled:
+            ingest = config.ingest
+            self.ingest_state = IngestState(ingest.max_workloads, ingest.max_ranks, ingest.idle_timeout)
+            self.ingest_server = IngestServer(ingest, self.ingest_state)  # reads the token: ConfigError
         self._self_lock = threading.Lock()
         self._stop = threading.Event()
         self.runners: dict[str, SourceRunner] = {}
@@ -71,9 +79,19 @@ class Daemon:
             return NvmlSource(self.backend, self.gpu_processes)
         if name == "host":
             return HostSource(self.gpu_processes, proc_path=self.config.host.proc_path)
+        if name == "ingest" and self.ingest_state is not None:
+            return IngestSource(self.ingest_state)
         raise ValueError(f"unknown source {name}")
 
     def start(self) -> None:
+        if self.ingest_server is not None:
+            try:
+                self.ingest_server.start()
+            except OSError as exc:  # metrics keep being served; the ingest source reports why it is down
+                log.error("ingest: %s; training jobs cannot report to this node", exc)
+                source = self.runners["ingest"].source
+                assert isinstance(source, IngestSource)
+                source.listen_error = str(exc)
         for runner in self.runners.values():
             runner.start()
         if self.config.simulate.gpus and self.config.simulate.faults:
@@ -84,6 +102,8 @@ class Daemon:
 
     def stop(self) -> None:
         self._stop.set()
+        if self.ingest_server is not None:
+            self.ingest_server.stop()
         for runner in self.runners.values():
             runner.stop()
 

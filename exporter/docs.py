@@ -8,6 +8,7 @@ from .config import Config, env_name, flag_name, format_duration, settable_keys
 SOURCE_TITLES = {
     "nvml": "GPU (source `nvml`)",
     "host": "Host feeding the GPUs (source `host`)",
+    "ingest": "Training jobs (source `ingest`, from `POST /v1/events`)",
     "exporter": "The exporter itself",
 }
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from typing import Any
 
 from .catalog import CATALOG, Kind, Metric
 
@@ -28,10 +29,11 @@ class Batch:
     __slots__ = ("errors", "series")
 
     def __init__(self) -> None:
-        self.series: dict[Metric, list[tuple[tuple[str, ...], float]]] = {}
+        self.series: dict[Metric, list[tuple[tuple[str, ...], Any]]] = {}
         self.errors: list[str] = []  # non-fatal problems met while collecting, as error reasons
 
-    def add(self, metric: Metric, labels: tuple[str, ...], value: float) -> None:
+    def add(self, metric: Metric, labels: tuple[str, ...], value: Any) -> None:
+        """`value` is a number; for a histogram, (cumulative bucket counts incl. +Inf, sum)."""
         if len(labels) != len(metric.labels):
             raise ValueError(f"{metric.name}: expected labels {metric.labels}, got {labels!r}")
         rows = self.series.get(metric)
@@ -39,7 +41,7 @@ class Batch:
             rows = self.series[metric] = []
         rows.append((labels, value))
 
-    def values(self, metric: Metric) -> dict[tuple[str, ...], float]:
+    def values(self, metric: Metric) -> dict[tuple[str, ...], Any]:
         return dict(self.series.get(metric, ()))
 
     def __len__(self) -> int:
@@ -90,6 +92,19 @@ class Renderer:
             self._prefix[key] = prefix
         return prefix
 
+    def _histogram(self, out: list[str], metric: Metric, rows: list) -> None:  # type: ignore[type-arg]
+        """Rows hold (cumulative bucket counts incl. +Inf, sum); `le` comes from the catalog."""
+        bounds = [format_value(float(b)) if b != int(b) else f"{b:.1f}" for b in metric.buckets] + ["+Inf"]
+        name = metric.name
+        for labels, (counts, total) in rows:
+            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(metric.labels, labels, strict=True))
+            sep = "," if inner else ""
+            for le, count in zip(bounds, counts, strict=True):
+                out.append(f'{name}_bucket{{{inner}{sep}le="{le}"}} {format_value(count)}\n')
+            suffix = f"{{{inner}}} " if inner else " "
+            out.append(f"{name}_sum{suffix}{format_value(total)}\n")
+            out.append(f"{name}_count{suffix}{format_value(counts[-1])}\n")
+
     def render(self, batch: Batch, fmt: str) -> bytes:
         out: list[str] = []
         for metric in sorted(batch.series, key=lambda m: _ORDER[m.name]):
@@ -98,6 +113,9 @@ class Renderer:
                 continue
             out.append(header(metric, fmt))
             name = metric.name
+            if metric.kind is Kind.HISTOGRAM:
+                self._histogram(out, metric, rows)
+                continue
             for labels, value in rows:
                 out.append(self._series_prefix(name, metric, labels) + format_value(value) + "\n")
         # Label values come from the system (process names, device names): never fail on bad bytes.

@@ -5,6 +5,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -108,8 +109,14 @@ def live_server(config: Config, backend=None) -> Iterator[LiveServer]:  # type: 
         sock.close()
 
 
+def socket_path() -> str:
+    """A fresh Unix socket path (short: AF_UNIX paths are limited to 107 bytes)."""
+    return os.path.join(tempfile.mkdtemp(prefix="gp-"), "ingest.sock")
+
+
 def quick_config(**overrides: object) -> Config:
-    base = {"nvml": {"interval": "100ms", "timeout": "1s"}, "host": {"interval": "100ms", "timeout": "1s"}}
+    base = {"nvml": {"interval": "100ms", "timeout": "1s"}, "host": {"interval": "100ms", "timeout": "1s"},
+            "ingest": {"interval": "100ms", "socket_path": socket_path()}}
     for key, value in overrides.items():
         base[key] = {**base.get(key, {}), **value} if isinstance(value, dict) else value  # type: ignore[dict-item]
     return load(None, base, environ={})

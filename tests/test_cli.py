@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import httpx
-from conftest import ROOT, free_port, promtool, series, value, wait_for
+from conftest import ROOT, free_port, promtool, series, socket_path, value, wait_for
 
 
 def get(url: str) -> httpx.Response | None:
@@ -20,7 +20,7 @@ def get(url: str) -> httpx.Response | None:
 def test_without_gpu_serves_host_metrics_and_says_nvml_is_absent(spawn_cli) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
     proc = spawn_cli("--web.listen-address", f"127.0.0.1:{port}", "--nvml.interval", "200ms",
-                     "--host.interval", "200ms")
+                     "--host.interval", "200ms", "--ingest.socket-path", socket_path())
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: (r := get(f"{base}/readyz")) is not None and r.status_code == 200, timeout=30)
     wait_for(lambda: value(get(f"{base}/metrics").text, "goodput_exporter_source_collections_total",
@@ -41,7 +41,7 @@ def test_without_gpu_serves_host_metrics_and_says_nvml_is_absent(spawn_cli) -> N
 
 def test_simulate_8_serves_clean_metrics(spawn_cli) -> None:  # type: ignore[no-untyped-def]
     port = free_port()
-    spawn_cli("--simulate", "8", "--web.listen-address", f"127.0.0.1:{port}")
+    spawn_cli("--simulate", "8", "--web.listen-address", f"127.0.0.1:{port}", "--ingest.socket-path", socket_path())
     base = f"http://127.0.0.1:{port}"
     wait_for(lambda: (r := get(f"{base}/readyz")) is not None and r.status_code == 200, timeout=30)
     text = get(f"{base}/metrics").text
@@ -58,7 +58,8 @@ def test_scheduled_faults_from_config(tmp_path: Path, spawn_cli) -> None:  # typ
         "    - {at: 0.5s, gpu: 3, kind: lost}\n"
         "nvml:\n  interval: 200ms\n")
     port = free_port()
-    spawn_cli("--config", str(config), "--web.listen-address", f"127.0.0.1:{port}")
+    spawn_cli("--config", str(config), "--web.listen-address", f"127.0.0.1:{port}",
+              "--ingest.socket-path", socket_path())
     base = f"http://127.0.0.1:{port}"
 
     def faulted() -> bool:

@@ -105,7 +105,8 @@ def test_port_in_use_is_a_clear_error(spawn_cli) -> None:  # type: ignore[no-unt
         sock.bind(("127.0.0.1", 0))
         sock.listen()
         port = sock.getsockname()[1]
-        proc = spawn_cli("--web.listen-address", f"127.0.0.1:{port}", "--nvml.enabled", "false")
+        proc = spawn_cli("--web.listen-address", f"127.0.0.1:{port}", "--nvml.enabled", "false",
+                         "--ingest.enabled", "false")
         output, _ = proc.communicate(timeout=30)
     assert proc.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in output

@@ -1,0 +1,1 @@
+"""Training-side telemetry: the versioned events API, and the state it accumulates into."""

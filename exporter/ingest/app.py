@@ -1,0 +1,71 @@
+"""POST /v1/events: batches of step, phase and lifecycle events from processes on this node."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+
+from .models import EventBatch
+from .state import IngestState, Rejected
+
+log = logging.getLogger(__name__)
+MAX_DETAILS = 20
+
+
+def _error(status: int, message: str, details: list[dict[str, str]] | None = None) -> JSONResponse:
+    body: dict[str, object] = {"error": message}
+    if details:
+        body["details"] = details
+    return JSONResponse(body, status_code=status)
+
+
+def create_ingest_app(state: IngestState, token: str | None, max_body_bytes: int,
+                      max_batch_events: int) -> FastAPI:
+    app = FastAPI(title="goodput-exporter ingest", docs_url=None, redoc_url=None, openapi_url=None)
+    expected = f"Bearer {token}".encode() if token else None
+
+    @app.post("/v1/events")
+    async def events(request: Request) -> JSONResponse:
+        if expected is not None:
+            given = request.headers.get("authorization", "").encode()
+            if not hmac.compare_digest(given, expected):
+                state.reject("unauthorized")
+                return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+        if not request.headers.get("content-type", "").startswith("application/json"):
+            state.reject("invalid")
+            return _error(415, "send the events as JSON (Content-Type: application/json)")
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
+            state.reject("oversize")
+            return _error(413, f"body larger than ingest.max_body_bytes={max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > max_body_bytes:
+                state.reject("oversize")
+                return _error(413, f"body larger than ingest.max_body_bytes={max_body_bytes}")
+        try:
+            batch = EventBatch.model_validate_json(bytes(body))
+        except ValidationError as exc:
+            state.reject("invalid")
+            problems = exc.errors(include_url=False)
+            if problems and problems[0]["type"] == "json_invalid":
+                return _error(400, f"body is not valid JSON: {problems[0]['msg']}")
+            details = [{"at": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
+                       for e in problems[:MAX_DETAILS]]
+            return _error(422, f"{len(problems)} invalid field(s); nothing was applied", details)
+        if len(batch.events) > max_batch_events:
+            state.reject("oversize")
+            return _error(413, f"{len(batch.events)} events in one request; ingest.max_batch_events is "
+                          f"{max_batch_events}")
+        try:
+            state.apply(batch.events)
+        except Rejected as exc:
+            return _error(exc.status, str(exc))
+        return JSONResponse({"accepted": len(batch.events)})
+
+    return app

@@ -1,0 +1,84 @@
+"""The events server: its own uvicorn instance, on a Unix socket and optionally loopback TCP."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import stat
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from ..config import ConfigError, IngestConfig
+from .app import create_ingest_app
+from .state import IngestState
+
+log = logging.getLogger(__name__)
+
+
+def read_token(path: str) -> str | None:
+    if not path:
+        return None
+    try:
+        token = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"ingest.token_file: cannot read {path}: {exc.strerror}") from None
+    if not token:
+        raise ConfigError(f"ingest.token_file: {path} is empty")
+    return token
+
+
+def unix_socket(path: str) -> socket.socket:
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists() or target.is_symlink():
+        if not stat.S_ISSOCK(target.lstat().st_mode):
+            raise OSError(f"{path} exists and is not a socket; not replacing it")
+        target.unlink()  # left behind by an earlier run
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.bind(path)
+    os.chmod(path, 0o666)  # jobs run as any user; use ingest.token_file to restrict who may write
+    sock.listen(512)
+    return sock
+
+
+class IngestServer:
+    def __init__(self, config: IngestConfig, state: IngestState) -> None:
+        self.config = config
+        self.state = state
+        self.token = read_token(config.token_file)
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self._sockets: list[socket.socket] = []
+
+    def start(self) -> None:
+        """Open the sockets and serve; raises OSError (with the path) when a socket cannot be opened."""
+        from ..cli import bind
+
+        try:
+            self._sockets.append(unix_socket(self.config.socket_path))
+        except OSError as exc:
+            raise OSError(f"cannot open the events socket {self.config.socket_path}: {exc}") from None
+        if self.config.listen_address:
+            self._sockets.append(bind(self.config.listen_address))
+        app = create_ingest_app(self.state, self.token, self.config.max_body_bytes,
+                                self.config.max_batch_events)
+        self._server = uvicorn.Server(uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", http="httptools"))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": self._sockets},
+                                        name="ingest-http", daemon=True)
+        self._thread.start()
+        log.info("ingest: accepting events on unix:%s%s", self.config.socket_path,
+                 f" and http://{self.config.listen_address}" if self.config.listen_address else "")
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(5)
+        for sock in self._sockets:
+            sock.close()
+        if self._sockets:
+            Path(self.config.socket_path).unlink(missing_ok=True)

@@ -1,0 +1,141 @@
+"""Per (workload, rank) accumulators, with caps and expiry; the `ingest` source renders them."""
+
+from __future__ import annotations
+
+import bisect
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .. import catalog as c
+from ..exposition import Batch
+from ..sources.base import SourceError
+from .models import LifecycleEvent, PhaseEvent, StepEvent
+
+ENDED_GRACE = 60.0  # an ended rank's series stay this long, so the last scrape sees its final counts
+
+
+class Rejected(Exception):
+    """The whole batch was refused; `reason` labels goodput_ingest_events_rejected_total."""
+
+    def __init__(self, reason: str, message: str, status: int) -> None:
+        self.reason = reason
+        self.status = status
+        super().__init__(message)
+
+
+@dataclass
+class _Rank:
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(c.STEP_BUCKETS) + 1))
+    step_seconds: float = 0.0
+    steps: int = 0
+    tokens: int = 0
+    samples: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0
+    last_event: float = 0.0
+    ended_at: float | None = None
+
+
+class IngestState:
+    def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.max_workloads = max_workloads
+        self.max_ranks = max_ranks
+        self.idle_timeout = idle_timeout
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._ranks: dict[tuple[str, str], _Rank] = {}
+        self.accepted: Counter[str] = Counter()
+        self.rejected: Counter[str] = Counter()
+
+    def reject(self, reason: str) -> None:
+        with self._lock:
+            self.rejected[reason] += 1
+
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent]) -> None:
+        """Apply every event or none (over a cap: Rejected, and nothing changed)."""
+        keys = {(e.workload, str(e.rank)) for e in events}
+        now = self._clock()
+        with self._lock:
+            new = keys - self._ranks.keys()
+            if new:
+                workloads = {w for w, _ in self._ranks}
+                new_workloads = {w for w, _ in new} - workloads
+                if len(workloads) + len(new_workloads) > self.max_workloads:
+                    self.rejected["workload_cap"] += 1
+                    raise Rejected("workload_cap", f"this node already tracks {len(workloads)} workloads "
+                                   f"(ingest.max_workloads={self.max_workloads})", 429)
+                if len(self._ranks) + len(new) > self.max_ranks:
+                    self.rejected["rank_cap"] += 1
+                    raise Rejected("rank_cap", f"this node already tracks {len(self._ranks)} ranks "
+                                   f"(ingest.max_ranks={self.max_ranks})", 429)
+                for key in new:
+                    self._ranks[key] = _Rank()
+            for event in events:
+                rank = self._ranks[(event.workload, str(event.rank))]
+                rank.last_event = now
+                if isinstance(event, StepEvent):
+                    rank.buckets[bisect.bisect_left(c.STEP_BUCKETS, event.duration_seconds)] += 1
+                    rank.step_seconds += event.duration_seconds
+                    rank.steps += 1
+                    rank.tokens += event.tokens
+                    rank.samples += event.samples
+                elif isinstance(event, PhaseEvent):
+                    rank.phases[event.phase] = rank.phases.get(event.phase, 0.0) + event.seconds
+                elif event.event == "restart":
+                    rank.restarts += 1
+                    rank.ended_at = None
+                elif event.event == "end":
+                    rank.ended_at = now
+                else:
+                    rank.ended_at = None
+                self.accepted[event.type] += 1
+
+    def snapshot(self) -> Batch:
+        """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace."""
+        batch = Batch()
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, r in self._ranks.items()
+                        if now - r.last_event > self.idle_timeout
+                        or (r.ended_at is not None and now - r.ended_at > ENDED_GRACE)]:
+                del self._ranks[key]
+            for key, rank in sorted(self._ranks.items()):
+                cumulative, running = [], 0
+                for count in rank.buckets:
+                    running += count
+                    cumulative.append(running)
+                batch.add(c.STEP_DURATION, key, (cumulative, rank.step_seconds))
+                batch.add(c.STEPS, key, rank.steps)
+                batch.add(c.TOKENS, key, rank.tokens)
+                batch.add(c.SAMPLES, key, rank.samples)
+                for phase in c.PHASES:
+                    batch.add(c.PHASE_SECONDS, (*key, phase), rank.phases.get(phase, 0.0))
+                batch.add(c.RESTARTS, key, rank.restarts)
+                batch.add(c.LAST_EVENT, key, rank.last_event)
+            for kind in ("step", "phase", "lifecycle"):
+                batch.add(c.INGEST_ACCEPTED, (kind,), self.accepted[kind])
+            for reason in ("invalid", "oversize", "unauthorized", "workload_cap", "rank_cap"):
+                batch.add(c.INGEST_REJECTED, (reason,), self.rejected[reason])
+        return batch
+
+
+class IngestSource:
+    """Publishes the ingest state on the source's interval, like any other source."""
+
+    name = "ingest"
+
+    def __init__(self, state: IngestState) -> None:
+        self.state = state
+        self.listen_error: str | None = None  # set when the events socket could not be opened
+
+    def collect(self) -> Batch:
+        if self.listen_error is not None:
+            raise SourceError("listen_failed", self.listen_error)
+        return self.state.snapshot()
+
+    def close(self) -> None:
+        pass
