@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_ADDRESS ?= 127.0.0.1:9445
+DEMO_SOCKET ?= /tmp/goodput-exporter-demo/ingest.sock
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick).
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
@@ -31,7 +32,9 @@ demo: venv
 	@echo "goodput-exporter with 8 simulated GPUs (Ctrl-C stops it):"
 	@echo "  metrics   http://$(DEMO_ADDRESS)/metrics"
 	@echo "  health    http://$(DEMO_ADDRESS)/healthz   ready: http://$(DEMO_ADDRESS)/readyz"
-	$(BIN)/goodput-exporter serve --simulate 8 --web.listen-address $(DEMO_ADDRESS)
+	@echo "  training jobs report to unix:$(DEMO_SOCKET) (see README: Instrument your training loop)"
+	$(BIN)/goodput-exporter serve --simulate 8 --web.listen-address $(DEMO_ADDRESS) \
+	  --ingest.socket-path $(DEMO_SOCKET)
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench

@@ -85,6 +85,18 @@ class LiveServer:
         response.raise_for_status()
         return response.text
 
+    def metrics_when(self, name: str, expected: float, timeout: float = 15.0, **labels: str) -> str:
+        """Poll /metrics until `name{labels}` equals `expected`; return that exposition."""
+        found: list[str] = []
+
+        def check() -> bool:
+            text = self.metrics()
+            found[:] = [text]
+            return value(text, name, **labels) == expected
+
+        wait_for(check, timeout=timeout)
+        return found[0]
+
 
 @contextmanager
 def live_server(config: Config, backend=None) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]

@@ -1,0 +1,206 @@
+"""exporter.client against a real daemon: a 2-rank PyTorch job, a slow rank, no daemon, load."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import ROOT, live_server, quick_config, series, socket_path, value, wait_for
+
+from exporter.client import Telemetry
+from exporter.gpu.simulated import SimulatedGpus
+
+torch = pytest.importorskip("torch", reason="`make test` installs torch==2.13.0 (CPU)")
+
+
+def run_job(tmp_path: Path, sock: str, **env: str) -> dict[int, dict]:
+    """Run train_ddp.py under torchrun; returns what each rank measured itself."""
+    environment = {**os.environ, "SOCKET": sock, "OUT_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), **env}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    result = subprocess.run(
+        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(ROOT / "tests" / "train_ddp.py")],
+        env=environment, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return {rank: json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)}
+
+
+def job_workload(live: object, steps: int) -> tuple[str, str]:
+    """torchrun --standalone names the run (TORCHELASTIC_RUN_ID) itself: both ranks must share it."""
+    found: list[str] = []
+
+    def done() -> bool:
+        text = live.metrics()  # type: ignore[attr-defined]
+        rows = series(text, "goodput_steps_total")
+        found[:] = [text]
+        return len(rows) == 2 and all(value(text, "goodput_steps_total", **r) == steps for r in rows)
+
+    wait_for(done)
+    rows = series(found[0], "goodput_steps_total")
+    assert {r["rank"] for r in rows} == {"0", "1"} and len({r["workload"] for r in rows}) == 1
+    return rows[0]["workload"], found[0]
+
+
+def phase_seconds(text: str, rank: int, phase: str, workload: str) -> float:
+    return value(text, "goodput_phase_seconds_total", workload=workload, rank=str(rank), phase=phase)
+
+
+def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
+    config = quick_config()
+    with live_server(config, backend=SimulatedGpus(1)) as live:
+        measured = run_job(tmp_path, config.ingest.socket_path, STEPS="12")
+        workload, text = job_workload(live, 12)
+    for rank in (0, 1):
+        own = measured[rank]
+        labels = {"workload": workload, "rank": str(rank)}
+        assert own["dropped"] == 0 and own["sent"] == 12 * 4 + 2  # step, 3 phases per step; start, end
+        assert value(text, "goodput_steps_total", **labels) == own["steps"] == 12
+        assert value(text, "goodput_tokens_total", **labels) == own["tokens"] == 12 * 4 * 16
+        assert value(text, "goodput_samples_total", **labels) == own["samples"] == 48
+        eps = 1e-9  # float summation order
+        for phase in ("compute", "comm_wait"):
+            reported = phase_seconds(text, rank, phase, workload)
+            assert own[f"{phase}_inner"] - eps <= reported <= own[f"{phase}_outer"] + eps, phase
+        assert 0 < phase_seconds(text, rank, "data_wait", workload) <= own["data_wait_outer"] + eps
+        step_sum = value(text, "goodput_step_duration_seconds_sum", **labels)
+        assert own["step_inner"] - eps <= step_sum <= own["step_outer"] + eps
+        assert value(text, "goodput_step_duration_seconds_count", **labels) == 12
+
+
+def test_a_slow_data_loader_shows_on_its_rank(tmp_path: Path) -> None:
+    config = quick_config()
+    steps, slow = 8, 0.15
+    with live_server(config, backend=SimulatedGpus(1)) as live:
+        measured = run_job(tmp_path, config.ingest.socket_path, STEPS=str(steps), SLOW_RANK="1",
+                           SLOW_SECONDS=str(slow))
+        workload, text = job_workload(live, steps)
+    slow_wait = phase_seconds(text, 1, "data_wait", workload)
+    fast_wait = phase_seconds(text, 0, "data_wait", workload)
+    assert steps * slow * 0.9 <= slow_wait <= measured[1]["data_wait_outer"] + 1e-9
+    assert fast_wait < slow_wait / 5
+    # the fast rank waits for the slow one inside the all-reduce
+    assert phase_seconds(text, 0, "comm_wait", workload) > phase_seconds(text, 1, "comm_wait", workload)
+    slow_steps = value(text, "goodput_step_duration_seconds_sum", workload=workload, rank="1")
+    assert slow_steps >= steps * slow * 0.9
+
+
+def test_without_a_daemon_nothing_raises_or_blocks(tmp_path: Path) -> None:
+    telemetry = Telemetry("w", 0, socket_path=str(tmp_path / "absent.sock"), flush_interval=0.05)
+    started = time.perf_counter()
+    for _ in range(1000):
+        with telemetry.step(tokens=1), telemetry.phase("compute"):
+            pass
+    assert time.perf_counter() - started < 0.5
+    assert not telemetry.flush(2.0) or telemetry.sent == 0
+    telemetry.close()
+    assert telemetry.sent == 0 and telemetry.dropped == 2000 + 2  # start and end too
+
+
+def test_a_daemon_that_never_answers_does_not_block_the_loop(tmp_path: Path) -> None:
+    path = str(tmp_path / "stuck.sock")
+    stuck = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stuck.bind(path)
+    stuck.listen(1)  # accepts connections, never answers
+    try:
+        telemetry = Telemetry("w", 0, socket_path=path, flush_interval=0.01, timeout=0.3)
+        time.sleep(0.05)  # the sender is now stuck on the first request
+        started = time.perf_counter()
+        for _ in range(500):
+            telemetry.record_phase("compute", 0.001)
+        assert time.perf_counter() - started < 0.1
+        telemetry.close(timeout=3)
+        assert telemetry.sent == 0 and telemetry.dropped == 500 + 2
+    finally:
+        stuck.close()
+
+
+def test_bounded_queue_drops_and_counts(tmp_path: Path) -> None:
+    telemetry = Telemetry("w", 0, socket_path=str(tmp_path / "absent.sock"), flush_interval=60, max_queue=10)
+    for _ in range(25):
+        telemetry.record_phase("compute", 0.1)
+    assert telemetry.dropped == 25 + 1 - 10  # the start event took one place
+    telemetry.close(timeout=1)
+
+
+def test_launcher_environment_names_the_rank(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "run-42")
+    monkeypatch.setenv("RANK", "3")
+    telemetry = Telemetry(socket_path=str(tmp_path / "x.sock"), flush_interval=60)
+    assert (telemetry.workload, telemetry.rank) == ("run-42", 3)
+    telemetry.phase("lunch")  # unknown phase: recorded as other, never raised
+    telemetry.close(timeout=0.5)
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.delenv("RANK")
+    monkeypatch.setenv("SLURM_JOB_ID", "777")
+    monkeypatch.setenv("SLURM_PROCID", "5")
+    telemetry = Telemetry(socket_path=str(tmp_path / "x.sock"), flush_interval=60)
+    assert (telemetry.workload, telemetry.rank) == ("777", 5)
+    telemetry.close(timeout=0.5)
+
+
+LOAD_CLIENT = """
+import sys
+from exporter.client import Telemetry
+sock, rank, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+t = Telemetry("load", rank, socket_path=sock, flush_interval=0.02, max_queue=10**6)
+for i in range(count):
+    t.record_phase("compute", 0.001)
+    if i % 10 == 0:
+        t.record_step(0.01, tokens=100, samples=1)
+t.close(timeout=60)
+print(t.sent, t.dropped)
+"""
+
+
+def test_sixteen_clients_under_load_lose_nothing_and_scrapes_keep_answering() -> None:
+    config = quick_config(ingest={"socket_path": socket_path()})
+    per_client = 5000
+    with live_server(config, backend=SimulatedGpus(8)) as live:
+        scrape_times: list[float] = []
+        stop = threading.Event()
+
+        def scrape() -> None:
+            with httpx.Client(base_url=live.url, timeout=10) as client:
+                while not stop.is_set():
+                    started = time.perf_counter()
+                    assert client.get("/metrics").status_code == 200
+                    scrape_times.append(time.perf_counter() - started)
+                    stop.wait(0.1)
+
+        scraper = threading.Thread(target=scrape)
+        scraper.start()
+        procs = [subprocess.Popen([sys.executable, "-c", LOAD_CLIENT, config.ingest.socket_path, str(rank),
+                                   str(per_client)], stdout=subprocess.PIPE, text=True, cwd=ROOT)
+                 for rank in range(16)]
+        results = [proc.communicate(timeout=180)[0].split() for proc in procs]
+        stop.set()
+        scraper.join(10)
+        sent = sum(int(r[0]) for r in results)
+        dropped = sum(int(r[1]) for r in results)
+        expected = 16 * (per_client + per_client // 10 + 2)
+        assert (sent, dropped) == (expected, 0)
+        text = live.metrics_when("goodput_ingest_events_accepted_total", 16 * per_client, type="phase")
+        assert sum(value(text, "goodput_steps_total", workload="load", rank=str(r)) for r in range(16)) \
+            == 16 * per_client // 10
+        assert len(scrape_times) >= 5 and max(scrape_times) < 5.0
+
+
+def test_the_readme_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## Instrument your training loop", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    script = tmp_path / "example.py"
+    script.write_text(code)
+    config = quick_config()
+    with live_server(config, backend=SimulatedGpus(1)) as live:
+        env = {**os.environ, "GOODPUT_INGEST_SOCKET_PATH": config.ingest.socket_path, "PYTHONPATH": str(ROOT)}
+        subprocess.run([sys.executable, str(script)], env=env, check=True, timeout=60)
+        text = live.metrics_when("goodput_steps_total", 20, workload="demo", rank="0")
+    assert value(text, "goodput_phase_seconds_total", workload="demo", rank="0", phase="compute") >= 20 * 0.02
