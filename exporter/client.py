@@ -22,6 +22,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from types import TracebackType
 from typing import TypeVar
 
@@ -33,6 +34,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 DEFAULT_SOCKET = "/run/goodput-exporter/ingest.sock"
 _perf = time.perf_counter
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
 def _from_env(*names: str) -> str | None:
@@ -110,6 +115,10 @@ class Telemetry:
         self._idle = threading.Event()
         self._idle.set()
         self._warned = False
+        self._fr_target: Path | None = None
+        self._fr_thread: threading.Thread | None = None
+        self.dumps = 0
+        self.dump_errors = 0
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         if url:
             self._http = httpx.Client(base_url=url, headers=headers, timeout=timeout)
@@ -165,6 +174,36 @@ class Telemetry:
                 return
             self._put(("phase", "data_wait", _perf() - started))
             yield item
+
+    def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
+        """Every `interval` seconds (and once more on close), write this rank's PyTorch flight-recorder
+        buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>.rank<rank>.pkl`, replacing
+        the previous dump atomically, for the daemon to read. Failures are counted in `dump_errors`."""
+        self._fr_target = Path(directory) / f"{_safe(self.workload)}.rank{self.rank}.pkl"
+        self._fr_thread = threading.Thread(target=self._dump_loop, args=(interval,), name="goodput-fr-dump",
+                                           daemon=True)
+        self._fr_thread.start()
+
+    def _dump_loop(self, interval: float) -> None:
+        while not self._closed.wait(interval):
+            self._dump_once()
+
+    def _dump_once(self) -> None:
+        target = self._fr_target
+        if target is None:
+            return
+        try:
+            from torch._C._distributed_c10d import _dump_fr_trace
+
+            data = _dump_fr_trace(True, False, False)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".pkl.partial")
+            partial.write_bytes(data)
+            os.replace(partial, target)
+            self.dumps += 1
+        except Exception as exc:  # no torch, no process group, a full disk: never into the loop
+            self.dump_errors += 1
+            log.debug("goodput telemetry: flight-recorder dump failed: %s", exc)
 
     # --- the background sender --------------------------------------------------------------------
 
@@ -222,6 +261,9 @@ class Telemetry:
         self.lifecycle("end")
         self.flush(timeout)
         self._closed.set()
+        if self._fr_thread is not None:
+            self._fr_thread.join(timeout)
+            self._dump_once()  # the buffer as the job ends
         self._wake.set()
         self._thread.join(timeout)
         self._http.close()

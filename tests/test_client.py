@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import socket
 import subprocess
 import sys
@@ -55,7 +56,7 @@ def phase_seconds(text: str, rank: int, phase: str, workload: str) -> float:
 def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
     config = quick_config()
     with live_server(config, backend=SimulatedGpus(1)) as live:
-        measured = run_job(tmp_path, config.ingest.socket_path, STEPS="12")
+        measured = run_job(tmp_path, config.ingest.socket_path, STEPS="12", FR_DIR=str(tmp_path / "fr"))
         workload, text = job_workload(live, 12)
     for rank in (0, 1):
         own = measured[rank]
@@ -72,6 +73,12 @@ def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
         step_sum = value(text, "goodput_step_duration_seconds_sum", **labels)
         assert own["step_inner"] - eps <= step_sum <= own["step_outer"] + eps
         assert value(text, "goodput_step_duration_seconds_count", **labels) == 12
+        # the flight-recorder helper left this rank's buffer, as PyTorch wrote it, for the daemon
+        assert own["dumps"] >= 1 and own["dump_errors"] == 0
+        dump = pickle.loads((tmp_path / "fr" / f"{workload}.rank{rank}.pkl").read_bytes())
+        assert dump["version"] and dump["pg_config"] is not None
+        names = [entry["profiling_name"] for entry in dump["entries"]]
+        assert names.count("gloo:all_reduce") == 12 * 2  # weight and bias, every step
 
 
 def test_a_slow_data_loader_shows_on_its_rank(tmp_path: Path) -> None:

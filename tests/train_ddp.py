@@ -39,6 +39,8 @@ def main() -> None:
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     telemetry = Telemetry(socket_path=os.environ["SOCKET"], flush_interval=0.1)
+    if os.environ.get("FR_DIR"):
+        telemetry.dump_flight_recorder(os.environ["FR_DIR"], interval=0.2)
     model = torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     loader = DataLoader(Numbers(rank), batch_size=4, num_workers=0)
@@ -77,6 +79,7 @@ def main() -> None:
         measured["samples"] += len(batch)
     telemetry.close()
     measured["sent"], measured["dropped"] = telemetry.sent, telemetry.dropped
+    measured["dumps"], measured["dump_errors"] = telemetry.dumps, telemetry.dump_errors
     with open(os.path.join(os.environ["OUT_DIR"], f"rank-{rank}.json"), "w") as out:
         json.dump(measured, out)
     dist.destroy_process_group()
