@@ -90,6 +90,7 @@ def serve(config: Config) -> int:
     import uvicorn
 
     from .daemon import Daemon
+    from .http_server import QuietServer
     from .web import create_app
 
     setup_logging(config.log.level, config.log.format)
@@ -109,7 +110,7 @@ def serve(config: Config) -> int:
     shown = f"[{shown}]" if ":" in shown else shown
     log.info("goodput-exporter %s serving on http://%s:%d/ (metrics: http://%s:%d/metrics)",
              __version__, shown, port, shown, port)
-    server = uvicorn.Server(uvicorn.Config(
+    server = QuietServer(uvicorn.Config(
         create_app(daemon), log_config=None, access_log=False, lifespan="off",
         http="httptools", loop="auto", timeout_keep_alive=75))
     started = time.monotonic()

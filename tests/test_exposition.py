@@ -43,3 +43,19 @@ def test_label_count_is_enforced() -> None:
         assert "expected labels ('gpu', 'uuid')" in str(exc)
     else:
         raise AssertionError("a series with missing labels was accepted")
+
+
+def test_histograms_in_both_formats() -> None:
+    batch = Batch()
+    buckets = len(c.STEP_BUCKETS) + 1
+    batch.add(c.STEP_DURATION, ("llama", "0"), ([0] * 5 + [2] * (buckets - 5), 0.7))
+    renderer = Renderer()
+    text = renderer.render(batch, TEXT).decode()
+    (family,) = text_parse(text)
+    assert family.type == "histogram"
+    by_le = {s.labels.get("le"): s.value for s in family.samples if s.name.endswith("_bucket")}
+    assert by_le["0.1"] == 0 and by_le["0.25"] == 2 and by_le["+Inf"] == 2
+    om = join([renderer.render(batch, OPENMETRICS)], OPENMETRICS).decode()
+    (om_family,) = om_parse(om)
+    assert om_family.type == "histogram" and om_family.unit == "seconds"
+    assert [s.value for s in om_family.samples if s.name.endswith("_count")] == [2]

@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from ..config import ConfigError, IngestConfig
+from ..http_server import QuietServer
 from .app import create_ingest_app
 from .state import IngestState
 
@@ -49,7 +50,7 @@ class IngestServer:
         self.config = config
         self.state = state
         self.token = read_token(config.token_file)
-        self._server: uvicorn.Server | None = None
+        self._server: QuietServer | None = None
         self._thread: threading.Thread | None = None
         self._sockets: list[socket.socket] = []
 
@@ -65,7 +66,7 @@ class IngestServer:
             self._sockets.append(bind(self.config.listen_address))
         app = create_ingest_app(self.state, self.token, self.config.max_body_bytes,
                                 self.config.max_batch_events)
-        self._server = uvicorn.Server(uvicorn.Config(
+        self._server = QuietServer(uvicorn.Config(
             app, log_config=None, access_log=False, lifespan="off", http="httptools"))
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": self._sockets},
                                         name="ingest-http", daemon=True)
