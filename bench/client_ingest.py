@@ -17,8 +17,8 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.client import Telemetry
 from exporter.ingest.app import create_ingest_app
-from exporter.ingest.listener import unix_socket
 from exporter.ingest.state import IngestState
+from exporter.sockets import unix_socket
 
 BATCH = 5000
 REQUESTS = 40

@@ -6,14 +6,14 @@ import argparse
 import json
 import logging
 import signal
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .config import Config, ConfigError, flag_name, load, parse_listen_address, settable_keys
+from .config import Config, ConfigError, flag_name, load, settable_keys
+from .sockets import bind
 
 log = logging.getLogger("exporter")
 
@@ -65,21 +65,6 @@ def setup_logging(level: str, fmt: str) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-
-
-def bind(address: str) -> socket.socket:
-    host, port = parse_listen_address(address)
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        raise OSError(f"cannot listen on {address}: {exc.strerror}") from None
-    sock.listen(128)
-    sock.set_inheritable(True)
-    return sock
 
 
 def _exit_cleanly(signum: int, frame: object) -> None:

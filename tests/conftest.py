@@ -17,9 +17,9 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.cli import bind
 from exporter.config import Config, load
 from exporter.daemon import Daemon
+from exporter.sockets import bind
 from exporter.web import create_app
 
 ROOT = Path(__file__).resolve().parent.parent

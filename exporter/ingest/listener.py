@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import logging
-import os
 import socket
-import stat
 import threading
 from pathlib import Path
 
@@ -13,6 +11,7 @@ import uvicorn
 
 from ..config import ConfigError, IngestConfig
 from ..http_server import QuietServer
+from ..sockets import bind, unix_socket
 from .app import create_ingest_app
 from .state import IngestState
 
@@ -31,20 +30,6 @@ def read_token(path: str) -> str | None:
     return token
 
 
-def unix_socket(path: str) -> socket.socket:
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists() or target.is_symlink():
-        if not stat.S_ISSOCK(target.lstat().st_mode):
-            raise OSError(f"{path} exists and is not a socket; not replacing it")
-        target.unlink()  # left behind by an earlier run
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.bind(path)
-    os.chmod(path, 0o666)  # jobs run as any user; use ingest.token_file to restrict who may write
-    sock.listen(512)
-    return sock
-
-
 class IngestServer:
     def __init__(self, config: IngestConfig, state: IngestState) -> None:
         self.config = config
@@ -56,8 +41,6 @@ class IngestServer:
 
     def start(self) -> None:
         """Open the sockets and serve; raises OSError (with the path) when a socket cannot be opened."""
-        from ..cli import bind
-
         try:
             self._sockets.append(unix_socket(self.config.socket_path))
         except OSError as exc:
