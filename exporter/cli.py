@@ -79,11 +79,7 @@ def serve(config: Config) -> int:
     from .web import create_app
 
     setup_logging(config.log.level, config.log.format)
-    try:
-        daemon = Daemon(config)
-    except ConfigError as exc:
-        print(f"goodput-exporter: {exc}", file=sys.stderr)
-        return 2
+    daemon = Daemon(config)  # may raise ConfigError (e.g. an unreadable token file): before any bind
     try:
         sock = bind(config.web.listen_address)
     except OSError as exc:
@@ -137,11 +133,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(config_markdown())
         return 0
     try:
-        config = parse_serve_args(argv)
+        return serve(parse_serve_args(argv))
     except ConfigError as exc:
         print(f"goodput-exporter: {exc}", file=sys.stderr)
         return 2
-    return serve(config)
 
 
 if __name__ == "__main__":

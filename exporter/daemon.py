@@ -56,10 +56,12 @@ class Daemon:
         self._process_registry = _process_metrics()
         self.store = Store(extra=self._render_process_metrics)
         self.ingest_state: IngestState | None = None
+        self.ingest_source: IngestSource | None = None
         self.ingest_server: IngestServer | None = None
         if config.ingest.enabled:
             ingest = config.ingest
             self.ingest_state = IngestState(ingest.max_workloads, ingest.max_ranks, ingest.idle_timeout)
+            self.ingest_source = IngestSource(self.ingest_state)
             self.ingest_server = IngestServer(ingest, self.ingest_state)  # reads the token: ConfigError
         self._self_lock = threading.Lock()
         self._stop = threading.Event()
@@ -79,19 +81,17 @@ class Daemon:
             return NvmlSource(self.backend, self.gpu_processes)
         if name == "host":
             return HostSource(self.gpu_processes, proc_path=self.config.host.proc_path)
-        if name == "ingest" and self.ingest_state is not None:
-            return IngestSource(self.ingest_state)
+        if name == "ingest" and self.ingest_source is not None:
+            return self.ingest_source
         raise ValueError(f"unknown source {name}")
 
     def start(self) -> None:
-        if self.ingest_server is not None:
+        if self.ingest_server is not None and self.ingest_source is not None:
             try:
                 self.ingest_server.start()
             except OSError as exc:  # metrics keep being served; the ingest source reports why it is down
                 log.error("ingest: %s; training jobs cannot report to this node", exc)
-                source = self.runners["ingest"].source
-                assert isinstance(source, IngestSource)
-                source.listen_error = str(exc)
+                self.ingest_source.listen_error = str(exc)
         for runner in self.runners.values():
             runner.start()
         if self.config.simulate.gpus and self.config.simulate.faults:

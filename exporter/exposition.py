@@ -54,6 +54,11 @@ def _escape_label(value: str) -> str:
     return value
 
 
+def _label_text(metric: Metric, labels: tuple[str, ...]) -> str:
+    """`k1="v1",k2="v2"` for the metric's label names and these values (empty without labels)."""
+    return ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(metric.labels, labels, strict=True))
+
+
 def _escape_help(text: str, fmt: str) -> str:
     text = text.replace("\\", "\\\\").replace("\n", "\\n")
     return text.replace('"', '\\"') if fmt == OPENMETRICS else text
@@ -81,12 +86,8 @@ class Renderer:
         key = (name, labels)
         prefix = self._prefix.get(key)
         if prefix is None:
-            if labels:
-                inner = ",".join(
-                    f'{k}="{_escape_label(v)}"' for k, v in zip(metric.labels, labels, strict=True))
-                prefix = f"{name}{{{inner}}} "
-            else:
-                prefix = f"{name} "
+            inner = _label_text(metric, labels)
+            prefix = f"{name}{{{inner}}} " if inner else f"{name} "
             if len(self._prefix) > 200_000:  # bound the cache if label values churn
                 self._prefix.clear()
             self._prefix[key] = prefix
@@ -97,7 +98,7 @@ class Renderer:
         bounds = [format_value(float(b)) if b != int(b) else f"{b:.1f}" for b in metric.buckets] + ["+Inf"]
         name = metric.name
         for labels, (counts, total) in rows:
-            inner = ",".join(f'{k}="{_escape_label(v)}"' for k, v in zip(metric.labels, labels, strict=True))
+            inner = _label_text(metric, labels)
             sep = "," if inner else ""
             for le, count in zip(bounds, counts, strict=True):
                 out.append(f'{name}_bucket{{{inner}{sep}le="{le}"}} {format_value(count)}\n')

@@ -27,41 +27,40 @@ def create_ingest_app(state: IngestState, token: str | None, max_body_bytes: int
                       max_batch_events: int) -> FastAPI:
     app = FastAPI(title="goodput-exporter ingest", docs_url=None, redoc_url=None, openapi_url=None)
     expected = f"Bearer {token}".encode() if token else None
+    too_large = f"body larger than ingest.max_body_bytes={max_body_bytes}"
+
+    def refuse(reason: str, status: int, message: str, details: list[dict[str, str]] | None = None) -> JSONResponse:
+        state.reject(reason)  # counted in goodput_ingest_rejected_requests_total{reason}
+        return _error(status, message, details)
 
     @app.post("/v1/events")
     async def events(request: Request) -> JSONResponse:
         if expected is not None:
             given = request.headers.get("authorization", "").encode()
             if not hmac.compare_digest(given, expected):
-                state.reject("unauthorized")
-                return _error(401, "missing or wrong bearer token (Authorization: Bearer <token>)")
+                return refuse("unauthorized", 401, "missing or wrong bearer token (Authorization: Bearer <token>)")
         if not request.headers.get("content-type", "").startswith("application/json"):
-            state.reject("invalid")
-            return _error(415, "send the events as JSON (Content-Type: application/json)")
+            return refuse("invalid", 415, "send the events as JSON (Content-Type: application/json)")
         length = request.headers.get("content-length")
         if length is not None and (not length.isdigit() or int(length) > max_body_bytes):
-            state.reject("oversize")
-            return _error(413, f"body larger than ingest.max_body_bytes={max_body_bytes}")
+            return refuse("oversize", 413, too_large)
         body = bytearray()
         async for chunk in request.stream():
             body += chunk
             if len(body) > max_body_bytes:
-                state.reject("oversize")
-                return _error(413, f"body larger than ingest.max_body_bytes={max_body_bytes}")
+                return refuse("oversize", 413, too_large)
         try:
             batch = EventBatch.model_validate_json(bytes(body))
         except ValidationError as exc:
-            state.reject("invalid")
             problems = exc.errors(include_url=False)
             if problems and problems[0]["type"] == "json_invalid":
-                return _error(400, f"body is not valid JSON: {problems[0]['msg']}")
+                return refuse("invalid", 400, f"body is not valid JSON: {problems[0]['msg']}")
             details = [{"at": ".".join(str(p) for p in e["loc"]), "problem": e["msg"]}
                        for e in problems[:MAX_DETAILS]]
-            return _error(422, f"{len(problems)} invalid field(s); nothing was applied", details)
+            return refuse("invalid", 422, f"{len(problems)} invalid field(s); nothing was applied", details)
         if len(batch.events) > max_batch_events:
-            state.reject("oversize")
-            return _error(413, f"{len(batch.events)} events in one request; ingest.max_batch_events is "
-                          f"{max_batch_events}")
+            return refuse("oversize", 413,
+                          f"{len(batch.events)} events in one request; ingest.max_batch_events is {max_batch_events}")
         try:
             state.apply(batch.events)
         except Rejected as exc:
