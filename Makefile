@@ -11,7 +11,7 @@ DEMO_SOCKET ?= /tmp/goodput-exporter-demo/ingest.sock
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs deps venv clean
+.PHONY: demo test bench lint docs deps venv clean flight-dumps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -48,6 +48,11 @@ bench: deps venv
 docs: venv
 	$(BIN)/goodput-exporter metrics-doc > docs/metrics.md
 	$(BIN)/goodput-exporter config-doc > docs/configuration.md
+
+# Regenerate the real PyTorch flight-recorder dumps the tests read (gloo, CPU; about 30 s).
+flight-dumps: venv
+	rm -rf tests/flight/dumps
+	$(BIN)/python tests/flight/generate.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache bench/.work *.egg-info

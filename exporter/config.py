@@ -168,6 +168,30 @@ class IngestConfig(SourceConfig):
         return _loopback_address(value)
 
 
+class FlightConfig(SourceConfig):
+    interval: Duration = Field(5.0, description="How often the source collects.")
+    dir: str = Field(
+        "/run/goodput-exporter/flight",
+        description="Directory of flight-recorder dumps: DIR/<workload>/<prefix><rank>[.pkl|.json], or "
+        "DIR/<prefix><rank> for workload 'default'.")
+    prefix: str = Field(
+        "nccl_trace_rank_",
+        description="File-name prefix before the rank (PyTorch's TORCH_FR_DUMP_TEMP_FILE default).")
+    max_file_bytes: int = Field(64 * 2**20, ge=1024, description="Larger dump files are rejected unread.")
+    max_files: int = Field(
+        512, ge=1, description="Most dump files read; beyond it the most recently written are kept.")
+    rank_missing_after: Duration = Field(
+        10.0, description="A rank is reported missing from a collective only when its own dump was "
+        "written this long after another rank enqueued it.")
+
+    @field_validator("prefix")
+    @classmethod
+    def _check_prefix(cls, value: str) -> str:
+        if "/" in value or value.startswith("."):
+            raise ValueError(f"{value!r} must be a plain file-name prefix")
+        return value
+
+
 FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise"]
 
 
@@ -212,11 +236,12 @@ class Config(_Section):
     nvml: NvmlConfig = Field(default_factory=NvmlConfig)
     host: HostConfig = Field(default_factory=HostConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
+    flight: FlightConfig = Field(default_factory=FlightConfig)
     simulate: Annotated[SimulateConfig, BeforeValidator(_simulate_shorthand)] = Field(
         default_factory=SimulateConfig)
 
     def sources(self) -> dict[str, SourceConfig]:
-        return {"nvml": self.nvml, "host": self.host, "ingest": self.ingest}
+        return {"nvml": self.nvml, "host": self.host, "ingest": self.ingest, "flight": self.flight}
 
 
 def _scalar_fields(model: type[BaseModel]) -> list[str]:

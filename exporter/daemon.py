@@ -20,6 +20,7 @@ from .ingest.listener import IngestServer
 from .ingest.state import IngestSource, IngestState
 from .runner import SourceRunner
 from .sources.base import Source
+from .sources.flight import FlightSource
 from .sources.host import HostSource
 from .sources.nvml import NvmlSource
 from .store import Store
@@ -83,6 +84,8 @@ class Daemon:
             return HostSource(self.gpu_processes, proc_path=self.config.host.proc_path)
         if name == "ingest" and self.ingest_source is not None:
             return self.ingest_source
+        if name == "flight":
+            return FlightSource(self.config.flight)
         raise ValueError(f"unknown source {name}")
 
     def start(self) -> None:

@@ -9,6 +9,7 @@ SOURCE_TITLES = {
     "nvml": "GPU (source `nvml`)",
     "host": "Host feeding the GPUs (source `host`)",
     "ingest": "Training jobs (source `ingest`, from `POST /v1/events`)",
+    "flight": "Collectives (source `flight`, from PyTorch flight-recorder dumps)",
     "exporter": "The exporter itself",
 }
 

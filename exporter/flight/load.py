@@ -1,0 +1,87 @@
+"""Bytes of one dump -> plain Python data. Never executes anything the file asks for.
+
+PyTorch writes a dump as a pickle (`_dump_fr_trace`, the NCCL dump-on-timeout files) or as JSON
+(`_dump_fr_trace_json`); the format is told by the first byte, not by the file name. Pickles are read
+by an unpickler that refuses every global and persistent id: without a global nothing can be called,
+so only dicts, lists, tuples, strings, bytes, numbers, booleans and None come out. PyTorch's own
+dumps need nothing more.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import pickle
+from typing import Any
+
+
+class Rejected(Exception):
+    """A dump that cannot be used; `reason` labels goodput_flight_recorder_rejected_total."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        self.reason = reason
+        super().__init__(message)
+
+
+# Reasons a file can be rejected for, in the order the reference lists them.
+REASONS = (
+    "empty", "truncated", "corrupt", "unsafe", "bad_schema", "unknown_version", "too_large",
+    "not_regular", "unreadable", "bad_name", "too_many_files",
+)
+# A file in one of these states may still be being written: retried before it is counted.
+MAYBE_PARTIAL = frozenset({"empty", "truncated"})
+
+
+class _PlainUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise Rejected("unsafe", f"the pickle asks to load {module}.{name}; only plain data is accepted")
+
+    def persistent_load(self, pid: Any) -> Any:
+        raise Rejected("unsafe", "the pickle refers to a persistent object; only plain data is accepted")
+
+
+def _is_pickle(data: bytes) -> bool:
+    return len(data) >= 2 and data[0] == 0x80 and 2 <= data[1] <= 5  # PROTO opcode, protocol 2-5
+
+
+def load_pickle(data: bytes) -> Any:
+    try:
+        return _PlainUnpickler(io.BytesIO(data)).load()
+    except Rejected:
+        raise
+    except EOFError:
+        raise Rejected("truncated", "the pickle ends early (still being written?)") from None
+    except pickle.UnpicklingError as exc:
+        if "truncated" in str(exc):
+            raise Rejected("truncated", "the pickle ends early (still being written?)") from None
+        raise Rejected("corrupt", f"not a readable pickle: {exc}") from None
+    except RecursionError:
+        raise Rejected("corrupt", "the pickle nests too deeply") from None
+    except Exception as exc:  # the unpickler raises many kinds on garbage (ValueError, KeyError, ...)
+        raise Rejected("corrupt", f"not a readable pickle: {exc.__class__.__name__}: {exc}") from None
+
+
+def load_json(data: bytes) -> Any:
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Rejected("corrupt", f"JSON dump is not UTF-8: {exc}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        if exc.pos >= len(text.rstrip()):
+            raise Rejected("truncated", "the JSON ends early (still being written?)") from None
+        raise Rejected("corrupt", f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise Rejected("corrupt", "the JSON nests too deeply") from None
+
+
+def load_bytes(data: bytes) -> tuple[str, Any]:
+    """-> (format, data) with format "pickle" or "json"; raises Rejected."""
+    if not data or (len(data) < 64 and not data.strip()):
+        raise Rejected("empty", "the file is empty (still being written?)")
+    if _is_pickle(data):
+        return "pickle", load_pickle(data)
+    if data.lstrip()[:1] == b"{":
+        return "json", load_json(data)
+    raise Rejected("corrupt", "neither a pickle nor a JSON object")

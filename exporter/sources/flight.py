@@ -1,0 +1,349 @@
+"""The flight source: PyTorch flight-recorder dumps in a directory -> collective metrics.
+
+Where dumps are looked for (`flight.dir`, `flight.prefix`):
+
+    DIR/<workload>/<prefix><rank>[.pkl|.json]    one folder per training job
+    DIR/<prefix><rank>[.pkl|.json]               workload "default"
+
+`<prefix>` defaults to PyTorch's own `nccl_trace_rank_`, so pointing TORCH_FR_DUMP_TEMP_FILE at
+`DIR/<workload>/nccl_trace_rank_` puts NCCL's dump-on-timeout files where the periodic dumps of
+`exporter.client.Telemetry.dump_flight_recorder` go, and each folder is also valid `torchfrtrace`
+input. Hidden files and names ending in .partial or .tmp are a writer's temporary files and are
+skipped; any other file that does not follow the pattern is rejected as bad_name.
+
+A file is read again only when it changes (inode, size or mtime). A bad version of a file is counted
+once in goodput_flight_recorder_rejected_total and logged once; a file that looks half-written
+(empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
+replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+import stat
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import catalog as c
+from ..config import FlightConfig
+from ..exposition import Batch
+from ..flight.analysis import RankDump, missing_ranks
+from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected, load_bytes
+from ..flight.schema import Dump, parse
+from .base import SourceError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_WORKLOAD = "default"
+PARTIAL_WRITE_GRACE = 10.0
+LOG_LINES_PER_PASS = 10
+_TEMPORARY = (".partial", ".tmp", "~")
+
+FileKey = tuple[int, int, int]  # inode, size, mtime_ns: a version of a file
+
+
+@dataclass(frozen=True, slots=True)
+class _Found:
+    path: str
+    workload: str
+    rank: int
+    st: os.stat_result
+
+    @property
+    def key(self) -> FileKey:
+        return (self.st.st_ino, self.st.st_size, self.st.st_mtime_ns)
+
+
+class _RankState:
+    """What one rank's dump file has shown so far: the last good dump and the counters built from
+    every dump read, each op counted once however many dumps it appears in."""
+
+    def __init__(self, workload: str, rank: int) -> None:
+        self.workload = workload
+        self.rank = rank
+        self.key: FileKey | None = None
+        self.dump: Dump | None = None
+        self.written = 0.0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.counted_to = -1  # highest record_id counted in ops and bytes
+        self.last_seen: tuple[int, int] | None = None  # (record_id, time_created_ns) of that entry
+        self.timed: set[int] = set()  # record_ids whose durations are counted
+        self.ops: Counter[tuple[str, str]] = Counter()
+        self.bytes: Counter[tuple[str, str]] = Counter()
+        self.durations: dict[tuple[str, str], list[int]] = {}
+        self.duration_sums: Counter[tuple[str, str]] = Counter()
+        self.lost = 0
+
+    def _continues(self, dump: Dump) -> bool:
+        """False when the dump comes from a new process, or a flight-recorder reset."""
+        if self.last_seen is None or not dump.entries:
+            return True
+        record_id, created = self.last_seen
+        for entry in dump.entries:
+            if entry.record_id == record_id:
+                return entry.created_ns == created
+        first = min(dump.entries, key=lambda e: e.record_id)
+        return first.record_id > record_id and first.created_ns >= created
+
+    def absorb(self, dump: Dump, written: float, key: FileKey) -> None:
+        if not self._continues(dump):
+            log.info("flight: %s rank %d restarted (its record ids began again); counters restart",
+                     self.workload, self.rank)
+            self._reset()
+        timed = set()
+        newest = None
+        for entry in dump.entries:
+            group = (entry.pg, entry.op)
+            if entry.record_id > self.counted_to:
+                self.ops[group] += 1
+                self.bytes[group] += entry.bytes or 0
+            if entry.duration_s is not None:
+                timed.add(entry.record_id)
+                if entry.record_id not in self.timed:
+                    counts = self.durations.setdefault(group, [0] * (len(c.COLLECTIVE_BUCKETS) + 1))
+                    counts[bisect.bisect_left(c.COLLECTIVE_BUCKETS, entry.duration_s)] += 1
+                    self.duration_sums[group] += entry.duration_s
+            if newest is None or entry.record_id > newest.record_id:
+                newest = entry
+        if newest is not None:
+            first = min(e.record_id for e in dump.entries)
+            if self.counted_to >= 0 and first > self.counted_to + 1:
+                self.lost += first - self.counted_to - 1
+            self.counted_to = max(self.counted_to, newest.record_id)
+            self.last_seen = (newest.record_id, newest.created_ns)
+        self.timed = timed
+        self.dump, self.written, self.key = dump, written, key
+
+    def render(self, batch: Batch) -> None:
+        labels = (self.workload, str(self.rank))
+        batch.add(c.FR_DUMP_TIMESTAMP, labels, self.written)
+        batch.add(c.FR_ENTRIES_LOST, labels, self.lost)
+        dump = self.dump
+        if dump is None:
+            return
+        for name, group in sorted(dump.groups.items()):
+            pg = (*labels, name)
+            batch.add(c.COLLECTIVE_GROUP_INFO, (*pg, group.desc), 1)
+            batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "enqueued"), max(group.enqueued or 0, 0))
+            if group.started is not None and group.started >= 0:
+                batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "started"), group.started)
+            batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "completed"), max(group.completed or 0, 0))
+            waiting = [e.created_ns for e in dump.entries if e.pg == name and e.inflight]
+            batch.add(c.COLLECTIVE_INFLIGHT, pg, len(waiting))
+            oldest = max(0.0, self.written - min(waiting) / 1e9) if waiting else 0.0
+            batch.add(c.COLLECTIVE_OLDEST_INFLIGHT, pg, oldest)
+        for (name, op), count in sorted(self.ops.items()):
+            batch.add(c.COLLECTIVE_OPS, (*labels, name, op), count)
+            batch.add(c.COLLECTIVE_BYTES, (*labels, name, op), self.bytes[(name, op)])
+        for (name, op), counts in sorted(self.durations.items()):
+            cumulative, running = [], 0
+            for count in counts:
+                running += count
+                cumulative.append(running)
+            batch.add(c.COLLECTIVE_DURATION, (*labels, name, op), (cumulative, self.duration_sums[(name, op)]))
+
+
+class _Reporter:
+    """Logs each rejection once, at most LOG_LINES_PER_PASS lines a pass, then one summary line."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.suppressed = 0
+
+    def reject(self, path: str, reason: str, message: str) -> None:
+        if self.lines < LOG_LINES_PER_PASS:
+            self.lines += 1
+            log.warning("flight: rejected %s (%s): %s", path, reason, message)
+        else:
+            self.suppressed += 1
+
+    def finish(self) -> None:
+        if self.suppressed:
+            log.warning("flight: %d more files rejected this pass (goodput_flight_recorder_rejected_total "
+                        "counts them by reason)", self.suppressed)
+
+
+class FlightSource:
+    name = "flight"
+
+    def __init__(self, config: FlightConfig, clock: Callable[[], float] = time.time) -> None:
+        self.dir = Path(config.dir)
+        self.max_file_bytes = config.max_file_bytes
+        self.max_files = config.max_files
+        self.grace = config.rank_missing_after
+        self._clock = clock
+        self._name = re.compile(re.escape(config.prefix) + r"(\d{1,9})(?:\.pkl|\.json)?")
+        self._states: dict[str, _RankState] = {}
+        self._failed: dict[str, FileKey] = {}  # the version of a file already counted as rejected
+        self._over: set[str] = set()  # files already counted as over max_files, or as bad names
+        self.rejected: Counter[str] = Counter()
+        self._dir_state: str | None = None  # logged once per change: "missing", "ok", or an error
+
+    # --- finding the files ------------------------------------------------------------------------
+
+    def _note_dir(self, state: str, message: str = "") -> None:
+        if state != self._dir_state:
+            if state == "missing":
+                log.warning("flight: %s does not exist (yet); no flight-recorder dumps to read", self.dir)
+            elif state == "ok" and self._dir_state is not None:
+                log.info("flight: reading dumps in %s", self.dir)
+            elif state != "ok":
+                log.warning("flight: %s", message)
+            self._dir_state = state
+
+    def _scan(self, report: _Reporter, seen: set[str]) -> list[_Found]:
+        """Candidate dump files; `seen` receives every path looked at, good or bad."""
+        try:
+            top = list(os.scandir(self.dir))
+        except FileNotFoundError:
+            self._note_dir("missing")
+            return []
+        except OSError as exc:
+            self._note_dir("error", f"cannot list {self.dir}: {exc.strerror}")
+            raise SourceError("dir_unreadable", f"cannot list {self.dir}: {exc.strerror}") from None
+        self._note_dir("ok")
+        found: list[_Found] = []
+        for entry in top:
+            if entry.is_dir(follow_symlinks=False):
+                try:
+                    inner = list(os.scandir(entry.path))
+                except OSError as exc:
+                    self._reject_once(entry.path, "unreadable", f"cannot list: {exc.strerror}", report)
+                    continue
+                for item in inner:
+                    seen.add(item.path)
+                    self._consider(item, entry.name, found, report)
+            else:
+                seen.add(entry.path)
+                self._consider(entry, DEFAULT_WORKLOAD, found, report)
+        return found
+
+    def _consider(self, entry: os.DirEntry[str], workload: str, found: list[_Found], report: _Reporter) -> None:
+        name = entry.name
+        if name.startswith(".") or name.endswith(_TEMPORARY):
+            return
+        match = self._name.fullmatch(name)
+        if match is None:
+            if not entry.is_dir(follow_symlinks=False):
+                self._reject_once(entry.path, "bad_name", f"not named {self._name.pattern}", report)
+            return
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError as exc:
+            self._reject_once(entry.path, "unreadable", exc.strerror or str(exc), report)
+            return
+        found.append(_Found(entry.path, workload, int(match.group(1)), st))
+
+    def _reject_once(self, path: str, reason: str, message: str, report: _Reporter) -> None:
+        """For rejections tied to a path rather than to a version of its content."""
+        if path not in self._over:
+            self._over.add(path)
+            self.rejected[reason] += 1
+            report.reject(path, reason, message)
+
+    def _select(self, found: list[_Found], report: _Reporter) -> list[_Found]:
+        """Newest first, one file per (workload, rank), at most max_files."""
+        found.sort(key=lambda f: f.st.st_mtime_ns, reverse=True)
+        chosen: dict[tuple[str, int], _Found] = {}
+        for item in found:
+            slot = (item.workload, item.rank)
+            if slot in chosen:
+                self._reject_once(item.path, "bad_name", f"rank {item.rank} of {item.workload} already has the "
+                                  f"newer dump {chosen[slot].path}", report)
+            elif len(chosen) >= self.max_files:
+                self._reject_once(item.path, "too_many_files", f"more than flight.max_files={self.max_files} "
+                                  "dump files; the most recently written are read", report)
+            else:
+                chosen[slot] = item
+        return list(chosen.values())
+
+    # --- reading one file -------------------------------------------------------------------------
+
+    def _read(self, item: _Found) -> Dump:
+        if not stat.S_ISREG(item.st.st_mode):
+            raise Rejected("not_regular", "not a regular file (symbolic links are not followed)")
+        if item.st.st_size > self.max_file_bytes:
+            raise Rejected("too_large", f"{item.st.st_size} bytes, over flight.max_file_bytes="
+                           f"{self.max_file_bytes}")
+        try:
+            fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:
+            raise Rejected("unreadable", exc.strerror or str(exc)) from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise Rejected("not_regular", "not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as handle:
+                data = handle.read(self.max_file_bytes + 1)
+        except OSError as exc:
+            raise Rejected("unreadable", exc.strerror or str(exc)) from None
+        finally:
+            os.close(fd)
+        if len(data) > self.max_file_bytes:
+            raise Rejected("too_large", f"grew past flight.max_file_bytes={self.max_file_bytes}")
+        _, raw = load_bytes(data)
+        return parse(raw)
+
+    def _update(self, item: _Found, now: float, report: _Reporter) -> None:
+        state = self._states.get(item.path)
+        if state is not None and state.key == item.key:
+            return  # unchanged since the last read
+        if self._failed.get(item.path) == item.key:
+            return  # this version was rejected already, and counted
+        try:
+            dump = self._read(item)
+        except Rejected as exc:
+            if exc.reason in MAYBE_PARTIAL and now - item.st.st_mtime < PARTIAL_WRITE_GRACE:
+                return  # probably still being written: try again next pass, count nothing yet
+            self._failed[item.path] = item.key
+            self.rejected[exc.reason] += 1
+            report.reject(item.path, exc.reason, str(exc))
+            return
+        if state is None or (state.workload, state.rank) != (item.workload, item.rank):
+            state = self._states[item.path] = _RankState(item.workload, item.rank)
+        state.absorb(dump, item.st.st_mtime, item.key)
+        self._failed.pop(item.path, None)
+
+    # --- the collection -------------------------------------------------------------------------
+
+    def collect(self) -> Batch:
+        now = self._clock()
+        report = _Reporter()
+        seen: set[str] = set()
+        found = self._scan(report, seen)
+        chosen = self._select(found, report)
+        for item in chosen:
+            self._update(item, now, report)
+        kept = {item.path for item in chosen}
+        for path in [p for p in self._states if p not in kept]:
+            del self._states[path]  # gone, or beyond max_files: no ghost series
+        for path in [p for p in self._failed if p not in seen]:
+            del self._failed[path]
+        self._over &= seen
+        report.finish()
+        return self._render()
+
+    def _render(self) -> Batch:
+        batch = Batch()
+        by_workload: dict[str, dict[int, RankDump]] = {}
+        for state in sorted(self._states.values(), key=lambda s: (s.workload, s.rank)):
+            state.render(batch)
+            if state.dump is not None:
+                by_workload.setdefault(state.workload, {})[state.rank] = RankDump(state.dump, state.written)
+        for workload, dumps in sorted(by_workload.items()):
+            for gap in missing_ranks(dumps, self.grace):
+                batch.add(c.COLLECTIVE_MISSING_RANK, (workload, gap.pg, str(gap.rank), str(gap.seq), gap.op), 1)
+        batch.add(c.FR_FILES, (), sum(1 for s in self._states.values() if s.dump is not None))
+        for reason in REASONS:
+            batch.add(c.FR_REJECTED, (reason,), self.rejected[reason])
+        return batch
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,149 @@
+"""The flight source on real dumps written by PyTorch (tests/flight/generate.py, gloo on the CPU)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import live_server, quick_config, series, value
+from flight_helpers import DUMPS, copy_scenario, render, source_for
+
+from exporter.flight.load import load_bytes
+from exporter.flight.schema import parse
+
+KiB = 1024
+
+
+def test_a_healthy_run_shows_every_collective_with_its_bytes(tmp_path: Path) -> None:
+    copy_scenario("healthy4", tmp_path)
+    text = render(source_for(tmp_path))
+    # what generate.py's healthy4 ran on every rank, in bytes (float32 4, int64 8, bfloat16 2)
+    expected = {
+        ("0", "all_reduce"): (3, 1024 * (4 + 8 + 2)),
+        ("0", "broadcast"): (1, 256 * 4),
+        ("0", "all_gather"): (1, 4 * 16 * 8 * 4),  # the output, 4 ranks x 16x8 floats, is the larger
+        ("0", "reduce"): (1, 64 * 4),
+        ("0", "barrier"): (1, 0),
+    }
+    pair = {("1", "all_reduce"): (3, 3 * 512 * 4)}  # the subgroup of ranks 0 and 1
+    for rank in ("0", "1", "2", "3"):
+        wanted = {**expected, **(pair if rank in ("0", "1") else {})}
+        got = {(s["pg"], s["op"]) for s in series(text, "goodput_collective_operations_total") if s["rank"] == rank}
+        assert got == set(wanted), rank
+        for (pg, op), (count, size) in wanted.items():
+            labels = {"workload": "healthy4", "rank": rank, "pg": pg, "op": op}
+            assert value(text, "goodput_collective_operations_total", **labels) == count
+            assert value(text, "goodput_collective_bytes_total", **labels) == size
+        for state in ("enqueued", "completed"):
+            assert value(text, "goodput_collective_last_seq", workload="healthy4", rank=rank, pg="0", state=state) == 7
+        assert value(text, "goodput_collective_inflight", workload="healthy4", rank=rank, pg="0") == 0
+        assert value(text, "goodput_collective_oldest_inflight_seconds", workload="healthy4", rank=rank, pg="0") == 0
+        assert value(text, "goodput_collective_group_info", workload="healthy4", rank=rank, pg="0",
+                     desc="default_pg") == 1
+    # gloo tracks no start: that state is absent rather than a misleading 0 or -1
+    assert not [s for s in series(text, "goodput_collective_last_seq") if s["state"] == "started"]
+    assert series(text, "goodput_collective_missing_rank") == []
+    assert series(text, "goodput_collective_duration_seconds_count") == []  # gloo times nothing
+    assert value(text, "goodput_flight_recorder_files") == 4
+
+
+def test_the_pickle_and_json_forms_of_one_state_read_the_same() -> None:
+    for rank in (0, 1):
+        fmt_p, from_pickle = load_bytes((DUMPS / "healthy2" / f"nccl_trace_rank_{rank}").read_bytes())
+        fmt_j, from_json = load_bytes((DUMPS / "healthy2-json" / f"nccl_trace_rank_{rank}.json").read_bytes())
+        assert (fmt_p, fmt_j) == ("pickle", "json")
+        # JSON writes pg_status values as strings and absent times as 0; both read to one Dump
+        assert isinstance(from_json["pg_status"]["0"]["last_enqueued_collective"], str)
+        assert parse(from_pickle) == parse(from_json)
+        assert len(parse(from_json).entries) == 6
+
+
+def test_json_dumps_are_reported_like_pickles(tmp_path: Path) -> None:
+    copy_scenario("healthy2-json", tmp_path, "job")
+    text = render(source_for(tmp_path))
+    for rank in ("0", "1"):
+        labels = {"workload": "job", "rank": rank, "pg": "0"}
+        assert value(text, "goodput_collective_operations_total", op="all_reduce", **labels) == 4
+        assert value(text, "goodput_collective_bytes_total", op="all_reduce", **labels) == 4 * 2048 * 4
+        assert value(text, "goodput_collective_bytes_total", op="broadcast", **labels) == 100 * 8
+        assert value(text, "goodput_collective_last_seq", state="completed", **labels) == 6
+
+
+def test_the_hang_shows_in_flight_and_the_missing_rank_in_a_running_daemon(tmp_path: Path) -> None:
+    copy_scenario("hang4", tmp_path / "fr")
+    config = quick_config(flight={"dir": str(tmp_path / "fr"), "rank_missing_after": "1s"})
+    with live_server(config) as live:
+        text = live.metrics_when("goodput_collective_missing_rank", 1, workload="hang4", pg="0", rank="1",
+                                 seq="6", op="all_reduce")
+    assert len(series(text, "goodput_collective_missing_rank")) == 1
+    for rank in ("0", "2", "3"):  # blocked in the 6th all_reduce, dumped 2 s into the wait
+        labels = {"workload": "hang4", "rank": rank, "pg": "0"}
+        assert value(text, "goodput_collective_inflight", **labels) == 1
+        assert 1.9 <= value(text, "goodput_collective_oldest_inflight_seconds", **labels) <= 2.5
+        assert value(text, "goodput_collective_last_seq", state="enqueued", **labels) == 6
+        assert value(text, "goodput_collective_last_seq", state="completed", **labels) == 5
+    skipper = {"workload": "hang4", "rank": "1", "pg": "0"}
+    assert value(text, "goodput_collective_inflight", **skipper) == 0
+    assert value(text, "goodput_collective_last_seq", state="enqueued", **skipper) == 5
+    assert value(text, "goodput_exporter_source_up", source="flight") == 1
+
+
+def test_a_rank_is_not_called_missing_before_the_grace_has_passed(tmp_path: Path) -> None:
+    copy_scenario("hang4", tmp_path)
+    # every rank dumped 2 s into the hang: with the default 10 s grace nobody is accused yet
+    assert series(render(source_for(tmp_path)), "goodput_collective_missing_rank") == []
+    text = render(source_for(tmp_path, rank_missing_after="1500ms"))
+    assert [s["rank"] for s in series(text, "goodput_collective_missing_rank")] == ["1"]
+
+
+def with_membership(scenario: str, root: Path, ranks: dict[str, list[int]]) -> Path:
+    """Copies of the dumps with pg_config filled in as NCCL records it: gloo leaves it empty, and
+    torchfrtrace cannot match collectives without it."""
+    target = copy_scenario(scenario, root)
+    for path in target.iterdir():
+        dump = pickle.loads(path.read_bytes())
+        rank = int(path.name.rsplit("_", 1)[1])
+        dump["pg_config"] = {pg: {"name": pg, "desc": "default_pg" if pg == "0" else "undefined",
+                                  "ranks": str(members)} for pg, members in ranks.items() if rank in members}
+        stat = path.stat()
+        path.write_bytes(pickle.dumps(dump, protocol=2))
+        os.utime(path, (stat.st_atime, stat.st_mtime))
+    return target
+
+
+def torchfrtrace_verdict(directory: Path, out: Path) -> list[tuple[str, int, list[int]]]:
+    """Run PyTorch's analyzer; (pg, seq, missing ranks) of every collective it found incomplete."""
+    binary = Path(sys.executable).with_name("torchfrtrace")
+    result = subprocess.run([str(binary), str(directory), "-o", str(out)], capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    _, db = pickle.loads(out.read_bytes())  # our own analyzer output, not a dump: plain pickle is fine
+    return sorted((c.group_id, c.collective_seq_id, sorted(c.missing_ranks))
+                  for c in db.collectives if c.missing_ranks)
+
+
+def our_verdict(directory: Path) -> list[tuple[str, int, list[int]]]:
+    text = render(source_for(directory, rank_missing_after="1s"))
+    found: dict[tuple[str, int], list[int]] = {}
+    for s in series(text, "goodput_collective_missing_rank"):
+        found.setdefault((s["pg"], int(s["seq"])), []).append(int(s["rank"]))
+    return sorted((pg, seq, sorted(ranks)) for (pg, seq), ranks in found.items())
+
+
+def test_the_verdict_on_the_hang_matches_torchfrtrace(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="`make test` installs torch==2.13.0 (CPU)")
+    theirs = torchfrtrace_verdict(with_membership("hang4", tmp_path / "hang", {"0": [0, 1, 2, 3]}),
+                                  tmp_path / "hang.pkl")
+    assert theirs == [("0", 6, [1])]
+    assert our_verdict(tmp_path / "hang") == theirs
+    plain = tmp_path / "plain"
+    copy_scenario("hang4", plain)  # as gloo wrote them, without membership: the same verdict
+    assert our_verdict(plain) == theirs
+    # and on the healthy run with a subgroup, neither finds anything
+    healthy = with_membership("healthy4", tmp_path / "healthy", {"0": [0, 1, 2, 3], "1": [0, 1]})
+    assert torchfrtrace_verdict(healthy, tmp_path / "healthy.pkl") == []
+    assert our_verdict(healthy) == []
