@@ -177,9 +177,16 @@ class Telemetry:
 
     def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
         """Every `interval` seconds (and once more on close), write this rank's PyTorch flight-recorder
-        buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>.rank<rank>.pkl`, replacing
-        the previous dump atomically, for the daemon to read. Failures are counted in `dump_errors`."""
-        self._fr_target = Path(directory) / f"{_safe(self.workload)}.rank{self.rank}.pkl"
+        buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>/nccl_trace_rank_<rank>`,
+        replacing the previous dump atomically, for the daemon's flight source (`flight.dir`) to read.
+
+        That is PyTorch's own file name: with TORCH_FR_DUMP_TEMP_FILE set to
+        `directory/<workload>/nccl_trace_rank_`, NCCL's dump on a timeout replaces the last periodic
+        one with the state at the hang. Failures are counted in `dump_errors`."""
+        folder = _safe(self.workload)
+        if folder.startswith("."):  # never a hidden folder, never "..": the daemon skips those
+            folder = "_" + folder
+        self._fr_target = Path(directory) / folder / f"nccl_trace_rank_{self.rank}"
         self._fr_thread = threading.Thread(target=self._dump_loop, args=(interval,), name="goodput-fr-dump",
                                            daemon=True)
         self._fr_thread.start()
@@ -197,7 +204,7 @@ class Telemetry:
 
             data = _dump_fr_trace(True, False, False)
             target.parent.mkdir(parents=True, exist_ok=True)
-            partial = target.with_suffix(".pkl.partial")
+            partial = target.with_name(target.name + ".partial")
             partial.write_bytes(data)
             os.replace(partial, target)
             self.dumps += 1

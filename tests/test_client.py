@@ -54,10 +54,16 @@ def phase_seconds(text: str, rank: int, phase: str, workload: str) -> float:
 
 
 def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
-    config = quick_config()
+    config = quick_config(flight={"dir": str(tmp_path / "fr"), "interval": "100ms"})
     with live_server(config, backend=SimulatedGpus(1)) as live:
         measured = run_job(tmp_path, config.ingest.socket_path, STEPS="12", FR_DIR=str(tmp_path / "fr"))
-        workload, text = job_workload(live, 12)
+        workload, _ = job_workload(live, 12)
+        # the periodic flight-recorder dumps reach the daemon's flight source: every all_reduce of
+        # the job (weight and bias, every step), with the bytes of the gradients (16 + 1 floats)
+        ops = {"workload": workload, "pg": "0", "op": "all_reduce"}
+        for rank in ("0", "1"):
+            live.metrics_when("goodput_collective_operations_total", 24, rank=rank, **ops)
+        text = live.metrics()
     for rank in (0, 1):
         own = measured[rank]
         labels = {"workload": workload, "rank": str(rank)}
@@ -75,10 +81,13 @@ def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
         assert value(text, "goodput_step_duration_seconds_count", **labels) == 12
         # the flight-recorder helper left this rank's buffer, as PyTorch wrote it, for the daemon
         assert own["dumps"] >= 1 and own["dump_errors"] == 0
-        dump = pickle.loads((tmp_path / "fr" / f"{workload}.rank{rank}.pkl").read_bytes())
-        assert dump["version"] and dump["pg_config"] is not None
+        dump = pickle.loads((tmp_path / "fr" / workload / f"nccl_trace_rank_{rank}").read_bytes())
         names = [entry["profiling_name"] for entry in dump["entries"]]
         assert names.count("gloo:all_reduce") == 12 * 2  # weight and bias, every step
+        assert value(text, "goodput_collective_bytes_total", rank=str(rank), **ops) == 12 * (16 + 1) * 4
+        assert value(text, "goodput_collective_inflight", workload=workload, rank=str(rank), pg="0") == 0
+    assert series(text, "goodput_collective_missing_rank") == []
+    assert value(text, "goodput_flight_recorder_files") == 2
 
 
 def test_a_slow_data_loader_shows_on_its_rank(tmp_path: Path) -> None:
