@@ -20,6 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import client_ingest
+import flight_parse
 import idle_accuracy
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,12 +147,13 @@ def main() -> None:
     accuracy = idle_accuracy.run()
     client_costs = client_ingest.hot_path_microseconds()
     throughput = client_ingest.ingest_events_per_second()
-    write(rows, accuracy, client_costs, throughput)
+    flight = flight_parse.run()
+    write(rows, accuracy, client_costs, throughput, flight)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
 def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
-          throughput: float) -> None:
+          throughput: float, flight: list[flight_parse.Result]) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -215,7 +217,23 @@ def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[
         f"| `telemetry.record_phase(...)` | {client_costs[1]:.2f} µs |",
         f"| ingest throughput | {throughput:,.0f} events/s |",
         "",
+        "## Flight-recorder dumps: safe parse vs pickle.load",
+        "",
+        f"{flight_parse.RANKS} ranks x {flight_parse.ENTRIES:,}-entry dumps, real (PyTorch's gloo flight recorder "
+        f"after {flight_parse.ENTRIES:,}+ collectives), median of {flight_parse.ROUNDS} rounds over all files. "
+        "*Safe parse* is what the daemon does with a new dump: the",
+        "restricted unpickler, the schema check and the extraction, with the garbage collector paused. "
+        "Target: within 1.5x of plain `pickle.load`.",
+        "",
+        "| dump | size per file | `pickle.load` | `pickle.load`, GC paused | safe parse | ratio | ratio to GC-paused "
+        "| flight source, first pass |",
+        "|---|---|---|---|---|---|---|---|",
     ]
+    for r in flight:
+        lines.append(
+            f"| {r.variant} | {r.file_bytes / 1024:.0f} KiB | {r.plain_ms:.0f} ms | {r.paused_ms:.0f} ms | "
+            f"{r.safe_ms:.0f} ms | {r.ratio:.2f} | {r.paused_ratio:.2f} | {r.source_ms:.0f} ms |")
+    lines.append("")
     RESULTS.write_text("\n".join(lines))
 
 

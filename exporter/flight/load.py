@@ -45,8 +45,11 @@ def _is_pickle(data: bytes) -> bool:
 
 
 def load_pickle(data: bytes) -> Any:
+    # A buffered reader: the C unpickler then reads ahead in large chunks (through peek) instead of
+    # calling read() for every opcode, which makes a bare BytesIO three times slower.
+    stream = io.BufferedReader(io.BytesIO(data), buffer_size=max(len(data), 1))  # type: ignore[arg-type]
     try:
-        return _PlainUnpickler(io.BytesIO(data)).load()
+        return _PlainUnpickler(stream).load()
     except Rejected:
         raise
     except EOFError:

@@ -11,14 +11,14 @@ from __future__ import annotations
 import ast
 import re
 from dataclasses import dataclass, field
+from math import prod
+from operator import itemgetter, mul
 from typing import Any
 
 from .load import Rejected
 
 SUPPORTED_MAJOR = 2
 MAX_ENTRIES = 100_000  # PyTorch's default ring buffer holds 2,000
-MAX_TENSORS = 4_096  # per entry and direction
-MAX_DIMS = 16
 # c10::toString(ScalarType) -> bytes per element
 DTYPE_BYTES = {
     "Bool": 1, "Byte": 1, "Char": 1, "QInt8": 1, "QUInt8": 1, "QUInt4x2": 1, "QUInt2x4": 1, "Bits8": 1,
@@ -108,61 +108,113 @@ def op_name(profiling_name: str) -> str:
     return name if _OP.match(name) else "other"
 
 
-def _buffer_bytes(sizes: Any, dtypes: Any, where: str) -> int | None:
-    if not isinstance(sizes, list | tuple) or not isinstance(dtypes, list | tuple):
-        raise Rejected("bad_schema", f"{where}: sizes and dtypes must be lists")
-    if len(sizes) != len(dtypes) or len(sizes) > MAX_TENSORS:
-        raise Rejected("bad_schema", f"{where}: {len(sizes)} sizes for {len(dtypes)} dtypes")
-    total = 0
-    known = True
-    for shape, dtype in zip(sizes, dtypes, strict=True):
-        if not isinstance(shape, list | tuple) or len(shape) > MAX_DIMS:
-            raise Rejected("bad_schema", f"{where}: a tensor shape is not a list of at most {MAX_DIMS} sizes")
-        count = 1
-        for dim in shape:
-            if type(dim) is not int or dim < 0:
-                raise Rejected("bad_schema", f"{where}: tensor size {dim!r:.20} is not a natural number")
-            count *= dim
-        width = DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
-        if width is None:
-            known = False
-        else:
-            total += count * width
-    return total if known else None
+def _buffer_bytes(sizes: Any, dtypes: Any) -> int | None:
+    """Bytes of a list of tensors (shapes x dtype widths); None for a dtype of unknown width."""
+    if type(sizes) not in _LISTS or type(dtypes) not in _LISTS or len(sizes) != len(dtypes):
+        raise TypeError("sizes and dtypes must be lists of one length")
+    try:
+        total = sum(map(mul, map(prod, sizes), map(DTYPE_BYTES.__getitem__, dtypes)))
+    except KeyError:  # a dtype of unknown width: the shapes must still be sizes
+        if type(sum(map(prod, sizes))) is not int:
+            raise TypeError("tensor sizes must be natural numbers") from None
+        return None
+    if type(total) is not int or total < 0:
+        raise TypeError("tensor sizes must be natural numbers")
+    return total
 
 
-def _entry(raw: Any, i: int) -> Entry:
+_LISTS = (list, tuple)
+width = DTYPE_BYTES.__getitem__
+_FIELDS = itemgetter("record_id", "process_group", "collective_seq_id", "p2p_seq_id", "profiling_name",
+                     "time_created_ns", "state", "input_sizes", "input_dtypes", "output_sizes", "output_dtypes")
+_OP_NAMES: dict[str, str] = {}
+
+
+def _op(profiling_name: str) -> str:
+    op = _OP_NAMES.get(profiling_name)
+    if op is None:
+        op = op_name(profiling_name)
+        if len(_OP_NAMES) < 4096:
+            _OP_NAMES[profiling_name] = op
+    return op
+
+
+def _entries(raw_entries: list[Any]) -> list[Entry]:
+    """Every entry of the dump. One quick check per entry covers every type the exporter relies on;
+    an entry that fails it is looked at field by field, for an error that names the field."""
+    out = []
+    append = out.append
+    for i, raw in enumerate(raw_entries):
+        try:
+            (record_id, pg, collective_seq, p2p_seq, profiling_name, created, state,
+             in_sizes, in_dtypes, out_sizes, out_dtypes) = _FIELDS(raw)
+            is_p2p = raw.get("is_p2p", False)
+            retired = raw.get("retired", False)
+            duration = raw.get("duration_ms")
+            # bytes of the inputs and outputs, inline (the hot loop): shapes x dtype widths
+            if len(in_sizes) != len(in_dtypes) or len(out_sizes) != len(out_dtypes):
+                raise TypeError
+            nbytes: int | None = max(sum(map(mul, map(prod, in_sizes), map(width, in_dtypes))),
+                                     sum(map(mul, map(prod, out_sizes), map(width, out_dtypes))))
+        except KeyError:
+            nbytes = _unknown_width(raw, i)
+        except (TypeError, AttributeError, ValueError, OverflowError):
+            _explain(raw, i)
+            raise AssertionError("unreachable") from None
+        if not (type(record_id) is int and type(collective_seq) is int and type(p2p_seq) is int
+                and type(created) is int and type(profiling_name) is str and type(state) is str
+                and type(pg) in _LISTS and len(pg) == 2 and type(pg[0]) is str and type(pg[1]) is str
+                and type(is_p2p) is bool and type(retired) is bool and type(in_sizes) in _LISTS
+                and type(out_sizes) in _LISTS and type(nbytes) in (int, type(None)) and (nbytes or 0) >= 0
+                and (duration is None or (type(duration) in (int, float) and duration >= 0))):
+            _explain(raw, i)
+        append(Entry(
+            record_id, pg[0], p2p_seq if is_p2p else collective_seq, is_p2p, _op(profiling_name), created,
+            retired or state == "completed", None if duration is None else duration / 1000.0, nbytes))
+    return out
+
+
+def _unknown_width(raw: Any, i: int) -> None:
+    """An entry with a dtype of unknown width (or a missing field): no bytes, if it is otherwise sound."""
+    _explain_sizes(raw, f"entries[{i}]")
+    try:
+        _FIELDS(raw)
+    except KeyError:
+        _explain(raw, i)
+    return None
+
+
+def _explain(raw: Any, i: int) -> None:
+    """Raise Rejected naming what is wrong with entry i."""
     where = f"entries[{i}]"
     if not isinstance(raw, dict):
         raise Rejected("bad_schema", f"{where}: expected a mapping, got {type(raw).__name__}")
+    for key in ("record_id", "collective_seq_id", "p2p_seq_id", "time_created_ns"):
+        _int(raw, key, where)
+    _str(raw, "profiling_name", where)
+    _str(raw, "state", where)
     pg = _field(raw, "process_group", where)
     if not isinstance(pg, list | tuple) or len(pg) != 2 or not all(isinstance(p, str) for p in pg):
         raise Rejected("bad_schema", f"{where}.process_group: expected (name, description)")
-    is_p2p = raw.get("is_p2p", False)
-    if not isinstance(is_p2p, bool):
-        raise Rejected("bad_schema", f"{where}.is_p2p: expected a boolean")
-    state = _str(raw, "state", where)
-    retired = raw.get("retired", False)
-    if not isinstance(retired, bool):
-        raise Rejected("bad_schema", f"{where}.retired: expected a boolean")
+    for key in ("is_p2p", "retired"):
+        if not isinstance(raw.get(key, False), bool):
+            raise Rejected("bad_schema", f"{where}.{key}: expected a boolean")
     duration = raw.get("duration_ms")
-    if duration is not None:
-        if isinstance(duration, bool) or not isinstance(duration, int | float) or not duration >= 0:
-            raise Rejected("bad_schema", f"{where}.duration_ms: expected a non-negative number")
-        duration = duration / 1000.0
-    in_bytes = _buffer_bytes(_field(raw, "input_sizes", where), _field(raw, "input_dtypes", where), where)
-    out_bytes = _buffer_bytes(_field(raw, "output_sizes", where), _field(raw, "output_dtypes", where), where)
-    return Entry(
-        record_id=_int(raw, "record_id", where),
-        pg=pg[0],
-        seq=_int(raw, "p2p_seq_id" if is_p2p else "collective_seq_id", where),
-        is_p2p=is_p2p,
-        op=op_name(_str(raw, "profiling_name", where)),
-        created_ns=_int(raw, "time_created_ns", where),
-        finished=retired or state == "completed",
-        duration_s=duration,
-        bytes=None if in_bytes is None or out_bytes is None else max(in_bytes, out_bytes),
-    )
+    if duration is not None and (isinstance(duration, bool) or not isinstance(duration, int | float)
+                                 or not duration >= 0):
+        raise Rejected("bad_schema", f"{where}.duration_ms: expected a non-negative number")
+    _explain_sizes(raw, where)
+    raise Rejected("bad_schema", f"{where}: unexpected field types")
+
+
+def _explain_sizes(raw: dict[str, Any], where: str) -> None:
+    for direction in ("input", "output"):
+        sizes = _field(raw, f"{direction}_sizes", where)
+        dtypes = _field(raw, f"{direction}_dtypes", where)
+        try:
+            _buffer_bytes(sizes, dtypes)
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise Rejected("bad_schema", f"{where}.{direction}_sizes: {exc}") from None
 
 
 def _ranks(text: Any, where: str) -> frozenset[int] | None:
@@ -190,17 +242,17 @@ def parse(data: Any) -> Dump:
         raise Rejected("bad_schema", "dump.entries: expected a list")
     if len(raw_entries) > MAX_ENTRIES:
         raise Rejected("bad_schema", f"dump.entries: {len(raw_entries)} entries, more than {MAX_ENTRIES}")
-    entries = [_entry(raw, i) for i, raw in enumerate(raw_entries)]
+    entries = _entries(raw_entries)
 
     groups: dict[str, Group] = {}
     pg_ids: dict[int, str] = {}
-    for raw, entry in zip(raw_entries, entries, strict=True):
-        group = groups.get(entry.pg)
-        if group is None:
-            group = groups[entry.pg] = Group(entry.pg, desc=str(raw["process_group"][1]))
-        pg_id = raw.get("pg_id")
-        if type(pg_id) is int:
-            pg_ids.setdefault(pg_id, entry.pg)
+    for raw in raw_entries:
+        name, desc = raw["process_group"]
+        if name not in groups:
+            groups[name] = Group(name, desc=desc)
+            pg_id = raw.get("pg_id")
+            if type(pg_id) is int:
+                pg_ids.setdefault(pg_id, name)
 
     config = data.get("pg_config", {})
     if not isinstance(config, dict):

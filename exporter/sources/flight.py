@@ -34,8 +34,9 @@ from .. import catalog as c
 from ..config import FlightConfig
 from ..exposition import Batch
 from ..flight.analysis import RankDump, missing_ranks
-from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected, load_bytes
-from ..flight.schema import Dump, parse
+from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected
+from ..flight.read import read_dump
+from ..flight.schema import Dump
 from .base import SourceError
 
 log = logging.getLogger(__name__)
@@ -120,7 +121,10 @@ class _RankState:
             self.counted_to = max(self.counted_to, newest.record_id)
             self.last_seen = (newest.record_id, newest.created_ns)
         self.timed = timed
-        self.dump, self.written, self.key = dump, written, key
+        # Everything else is counted: only the ops still in flight are needed again (their waits,
+        # and the cross-rank check), so a 2,000-entry dump does not stay in memory.
+        kept = Dump(dump.version, [e for e in dump.entries if e.inflight], dump.groups)
+        self.dump, self.written, self.key = kept, written, key
 
     def render(self, batch: Batch) -> None:
         labels = (self.workload, str(self.rank))
@@ -288,8 +292,7 @@ class FlightSource:
             os.close(fd)
         if len(data) > self.max_file_bytes:
             raise Rejected("too_large", f"grew past flight.max_file_bytes={self.max_file_bytes}")
-        _, raw = load_bytes(data)
-        return parse(raw)
+        return read_dump(data)
 
     def _update(self, item: _Found, now: float, report: _Reporter) -> None:
         state = self._states.get(item.path)
