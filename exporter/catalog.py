@@ -212,8 +212,9 @@ COLLECTIVE_GROUP_INFO = _m(
 COLLECTIVE_LAST_SEQ = _m(
     "goodput_collective_last_seq", Kind.GAUGE, "",
     "Sequence number of the last collective the rank enqueued, started or completed on the process "
-    "group (state); 0 before the first. started is absent where the backend does not track it (gloo). "
-    "Compare across ranks to see who is behind.", (*PG, "state"), "flight")
+    "group (state). enqueued and completed are 0 before the first; started is absent where the backend "
+    "does not track starts (gloo) and before the first start. Compare across ranks to see who is "
+    "behind.", (*PG, "state"), "flight")
 COLLECTIVE_INFLIGHT = _m(
     "goodput_collective_inflight", Kind.GAUGE, "",
     "Collectives and point-to-point ops of the process group that the rank enqueued and that had not "
@@ -229,8 +230,9 @@ COLLECTIVE_OPS = _m(
     "counted once each as dumps reveal them.", (*PG, "op"), "flight")
 COLLECTIVE_BYTES = _m(
     "goodput_collective_bytes_total", Kind.COUNTER, "bytes",
-    "Bytes moved by the rank's ops: the larger of each op's input and output buffers (tensor sizes "
-    "times dtype width), by op.", (*PG, "op"), "flight")
+    "Bytes of the rank's ops as they are enqueued: the larger of each op's input and output buffers "
+    "(tensor sizes times dtype width), by op; an op with a dtype of unknown width adds 0.",
+    (*PG, "op"), "flight")
 COLLECTIVE_DURATION = _m(
     "goodput_collective_duration_seconds", Kind.HISTOGRAM, "seconds",
     "Duration of each completed op as timed by the backend (NCCL with TORCH_NCCL_ENABLE_TIMING=1; "
@@ -253,8 +255,9 @@ FR_FILES = _m(
 FR_REJECTED = _m(
     "goodput_flight_recorder_rejected_total", Kind.COUNTER, "",
     "Dump files rejected, each version of a file counted once, by reason: empty, truncated, corrupt, "
-    "unsafe (a pickle asking to run code), bad_schema, unknown_version, too_large, not_regular, "
-    "unreadable, bad_name, too_many_files.", ("reason",), "flight")
+    "unsafe (a pickle asking to run code), bad_schema, unknown_version, too_large (on disk, or for the "
+    "parser's memory), not_regular, unreadable, bad_name, duplicate_rank (a second file for one rank), "
+    "too_many_files.", ("reason",), "flight")
 
 # --- the exporter itself --------------------------------------------------------------------------
 SRC = ("source",)

@@ -54,7 +54,7 @@ CASES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "empty": ("empty", _bytes(b"")),
     "truncated": ("truncated", _bytes(GOOD[: len(GOOD) // 2])),
     "random bytes": ("corrupt", _bytes(b"\x00" + bytes(range(256)) * 64)),
-    "garbage after a pickle header": ("corrupt", _bytes(b"\x80\x02" + b"\xff" * 300)),
+    "garbage between a pickle header and its end": ("corrupt", _bytes(b"\x80\x02" + b"\xff" * 300 + b".")),
     "json of the wrong shape": ("bad_schema", _bytes(json.dumps(
         {"version": "2.10", "entries": [{"record_id": "seven"}]}).encode())),
     "json that ends early": ("truncated", _bytes(b'{"version": "2.10", "entries": [')),
@@ -65,6 +65,18 @@ CASES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "version 1.4": ("unknown_version", _bytes(pickle.dumps(nccl_dump([], {}) | {"version": "1.4"}))),
     "no version": ("unknown_version", _bytes(pickle.dumps({"entries": []}))),
     "1 GB": ("too_large", _sparse_gigabyte),
+    # 9 bytes that make CPython's C unpickler size its memo table for 2**31 objects (gh-115952)
+    "a memo-table bomb": ("too_large", _bytes(b"\x80\x02Nr\xff\xff\xff\x7f.")),
+    "a 5000-digit version": ("unknown_version", _bytes(pickle.dumps({"version": 10**5000}, protocol=2))),
+    "a 5000-digit JSON number": ("corrupt", _bytes(b'{"version": 1' + b"0" * 5000 + b"}")),
+    "a creation time past 2**63": ("bad_schema", _bytes(pickle.dumps(
+        nccl_dump([nccl_entry(0, 1) | {"time_created_ns": 10**30}], {}), protocol=2))),
+    "a 400-digit duration": ("bad_schema", _bytes(pickle.dumps(
+        nccl_dump([nccl_entry(0, 1) | {"duration_ms": 10**400}], {}), protocol=2))),
+    "a shape of strings": ("bad_schema", _bytes(pickle.dumps(  # would be a 4 GB string if multiplied
+        nccl_dump([nccl_entry(0, 1, input_sizes=[["x", 4_000_000_000]])], {}), protocol=2))),
+    "json cut inside a string": ("truncated", _bytes(
+        json.dumps(nccl_dump([nccl_entry(0, 1)], {})).split("nccl:all_reduce")[0].encode() + b"nccl:al")),
     "a fifo": ("not_regular", _fifo),
     "a symlink": ("not_regular", _symlink),
 }
@@ -129,7 +141,7 @@ def test_a_broken_new_version_keeps_the_last_good_dump(tmp_path: Path) -> None:
     source = source_for(tmp_path)
     before = render(source)
     path = tmp_path / "job" / "nccl_trace_rank_1"
-    path.write_bytes(b"\x80\x02" + b"\xff" * 300)
+    path.write_bytes(b"\x80\x02" + b"\xff" * 300 + b".")
     os.utime(path, (OLD, OLD))
     after = render(source)
     labels = {"workload": "job", "rank": "1", "pg": "0", "op": "all_reduce"}
@@ -150,7 +162,8 @@ def test_names_that_do_not_follow_the_pattern(tmp_path: Path) -> None:
     source = source_for(tmp_path)
     for _ in range(2):
         text = render(source)
-    assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 3
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 2
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="duplicate_rank") == 1
     assert value(text, "goodput_flight_recorder_files") == 2
 
 
@@ -194,3 +207,28 @@ def test_the_daemon_keeps_serving_through_all_of_it(tmp_path: Path) -> None:
         assert total == len(CASES)
         assert value(text, "goodput_exporter_source_up", source="flight") == 1
         assert live.client.get("/readyz").status_code == 200
+
+
+def test_a_parse_past_its_time_is_stopped(tmp_path: Path) -> None:
+    copy_scenario("healthy2", tmp_path, "job")
+    source = source_for(tmp_path, timeout="1ms")  # no parse finishes that fast, not even the first
+    text = render(source)
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="corrupt") == 2
+    assert value(text, "goodput_flight_recorder_files") == 0
+    source.close()
+
+
+def test_the_parser_process_is_replaced_after_a_memory_bomb(tmp_path: Path) -> None:
+    source = source_for(tmp_path)
+    copy_scenario("healthy2", tmp_path, "job")
+    render(source)
+    first = source._parser.pid
+    bomb = tmp_path / "evil" / "nccl_trace_rank_0"
+    bomb.parent.mkdir()
+    bomb.write_bytes(b"\x80\x02Nr\xff\xff\xff\x7f.")
+    assert value(render(source), "goodput_flight_recorder_rejected_total", reason="too_large") == 1
+    copy_scenario("healthy4", tmp_path, "later")  # read by a fresh parser
+    text = render(source)
+    assert value(text, "goodput_collective_operations_total", workload="later", rank="3", op="all_reduce") == 3
+    assert source._parser.pid not in (None, first)
+    source.close()

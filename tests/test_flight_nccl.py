@@ -131,3 +131,38 @@ def test_a_vanished_dump_takes_its_series_along(tmp_path: Path) -> None:
     text = render(source)
     assert series(text, "goodput_collective_operations_total") == []
     assert value(text, "goodput_flight_recorder_files") == 0
+
+
+def test_a_duration_on_a_bucket_bound_falls_in_that_bucket(tmp_path: Path) -> None:
+    write_dump(tmp_path / "nccl_trace_rank_0", nccl_dump([nccl_entry(0, 1, duration_ms=1.0)], {"0": (1, 1, 1)}), T0)
+    text = render(source_for(tmp_path))
+    labels = {"workload": "default", "rank": "0", "pg": "0", "op": "all_reduce"}
+    assert value(text, "goodput_collective_duration_seconds_bucket", le="0.001", **labels) == 1
+
+
+def test_a_stale_dump_neither_hides_a_hang_nor_is_accused(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    # rank 0: a process that died long ago, its dump left behind mid-collective 50
+    old = nccl_dump([nccl_entry(49, 50, state="started", retired=False, created=T0 - 10_000)], {"0": (50, 50, 49)})
+    write_dump(job / "nccl_trace_rank_0", old, T0 - 9_990)
+    # ranks 1 and 2 wait in collective 5000 for a minute; rank 3 never enqueued it
+    waiting = nccl_dump([nccl_entry(4999, 5000, state="started", retired=False, created=T0 - 60)],
+                        {"0": (5000, 5000, 4999)})
+    write_dump(job / "nccl_trace_rank_1", waiting, T0)
+    write_dump(job / "nccl_trace_rank_2", waiting, T0)
+    write_dump(job / "nccl_trace_rank_3", nccl_dump([nccl_entry(4998, 4999)], {"0": (4999, 4999, 4999)}), T0)
+    text = render(source_for(tmp_path))
+    assert series(text, "goodput_collective_missing_rank") == [
+        {"workload": "job", "pg": "0", "rank": "3", "seq": "5000", "op": "all_reduce"}]
+
+
+def test_a_rank_whose_file_changes_name_keeps_its_counters(tmp_path: Path) -> None:
+    source = source_for(tmp_path)
+    entries = [nccl_entry(i, i + 1) for i in range(10)]
+    write_dump(tmp_path / "job" / "nccl_trace_rank_0", nccl_dump(entries, {"0": (10, 10, 10)}), T0)
+    labels = {"workload": "job", "rank": "0", "op": "all_reduce"}
+    assert value(render(source), "goodput_collective_operations_total", **labels) == 10
+    (tmp_path / "job" / "nccl_trace_rank_0").unlink()
+    more = entries + [nccl_entry(i, i + 1) for i in range(10, 15)]
+    write_dump(tmp_path / "job" / "nccl_trace_rank_0.json", nccl_dump(more, {"0": (15, 15, 15)}), T0 + 1, "json")
+    assert value(render(source), "goodput_collective_operations_total", **labels) == 15

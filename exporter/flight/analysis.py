@@ -43,7 +43,12 @@ def _members(pg: str, dumps: Mapping[int, RankDump]) -> set[int]:
 
 
 def missing_ranks(dumps: Mapping[int, RankDump], grace: float) -> list[Missing]:
-    """Missing ranks of the oldest unfinished collective of each process group."""
+    """Missing ranks of the unfinished collectives of each process group.
+
+    Each waiting rank's oldest in-flight collective is checked (normally all waiting ranks wait in
+    the same one). A rank whose dump is stale, from a process that died long ago, is not accused:
+    its dump was written before the wait began. Nor does it hide a newer hang: every waiting
+    sequence number is checked, not only the smallest."""
     found: list[Missing] = []
     pgs = sorted({pg for d in dumps.values() for pg in d.dump.groups})
     for pg in pgs:
@@ -55,19 +60,17 @@ def missing_ranks(dumps: Mapping[int, RankDump], grace: float) -> list[Missing]:
             group = dumps[rank].dump.groups.get(pg)
             if group is not None and group.enqueued is not None and group.completed is not None:
                 progress[rank] = (group.enqueued, group.completed)
-        pending = [completed + 1 for enqueued, completed in progress.values() if enqueued > completed]
-        if not pending:
-            continue
-        seq = min(pending)
-        waiting = sorted(r for r, (enq, comp) in progress.items() if comp < seq <= enq)
-        created = [e for r in waiting for e in dumps[r].dump.entries
-                   if e.pg == pg and not e.is_p2p and e.seq == seq]
-        if not created:
-            continue  # the entry fell out of the ring buffer: nothing to date the wait by
-        since = min(e.created_ns for e in created) / 1e9
-        op = created[0].op
-        for rank in sorted(members - set(waiting)):
-            enqueued = progress.get(rank, (-1, -1))[0]
-            if enqueued < seq and dumps[rank].written >= since + grace:
-                found.append(Missing(pg, seq, op, rank, tuple(waiting)))
+        pending = sorted({completed + 1 for enqueued, completed in progress.values() if enqueued > completed})
+        for seq in pending:
+            waiting = sorted(r for r, (enq, comp) in progress.items() if comp < seq <= enq)
+            created = [e for r in waiting for e in dumps[r].dump.entries
+                       if e.pg == pg and not e.is_p2p and e.seq == seq]
+            if not created:
+                continue  # the entry fell out of the ring buffer: nothing to date the wait by
+            since = min(e.created_ns for e in created) / 1e9
+            op = created[0].op
+            for rank in sorted(members - set(waiting)):
+                enqueued = progress.get(rank, (-1, -1))[0]
+                if enqueued < seq and dumps[rank].written >= since + grace:
+                    found.append(Missing(pg, seq, op, rank, tuple(waiting)))
     return found

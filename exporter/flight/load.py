@@ -26,7 +26,7 @@ class Rejected(Exception):
 # Reasons a file can be rejected for, in the order the reference lists them.
 REASONS = (
     "empty", "truncated", "corrupt", "unsafe", "bad_schema", "unknown_version", "too_large",
-    "not_regular", "unreadable", "bad_name", "too_many_files",
+    "not_regular", "unreadable", "bad_name", "duplicate_rank", "too_many_files",
 )
 # A file in one of these states may still be being written: retried before it is counted.
 MAYBE_PARTIAL = frozenset({"empty", "truncated"})
@@ -52,31 +52,32 @@ def load_pickle(data: bytes) -> Any:
         return _PlainUnpickler(stream).load()
     except Rejected:
         raise
-    except EOFError:
-        raise Rejected("truncated", "the pickle ends early (still being written?)") from None
-    except pickle.UnpicklingError as exc:
-        if "truncated" in str(exc):
-            raise Rejected("truncated", "the pickle ends early (still being written?)") from None
-        raise Rejected("corrupt", f"not a readable pickle: {exc}") from None
     except RecursionError:
         raise Rejected("corrupt", "the pickle nests too deeply") from None
-    except Exception as exc:  # the unpickler raises many kinds on garbage (ValueError, KeyError, ...)
-        raise Rejected("corrupt", f"not a readable pickle: {exc.__class__.__name__}: {exc}") from None
+    except MemoryError:
+        raise
+    except Exception as exc:  # garbage makes the unpickler raise many kinds (ValueError, KeyError, ...)
+        # every complete pickle ends with the STOP opcode: without it the file was cut short
+        if not data.endswith(b"."):
+            raise Rejected("truncated", "the pickle ends early (still being written?)") from None
+        raise Rejected("corrupt", f"not a readable pickle ({exc.__class__.__name__})") from None
 
 
 def load_json(data: bytes) -> Any:
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Rejected("corrupt", f"JSON dump is not UTF-8: {exc}") from None
+    except UnicodeDecodeError:
+        if not data.rstrip().endswith(b"}"):
+            raise Rejected("truncated", "the JSON ends early (still being written?)") from None
+        raise Rejected("corrupt", "the JSON dump is not UTF-8") from None
     try:
         return json.loads(text)
-    except json.JSONDecodeError as exc:
-        if exc.pos >= len(text.rstrip()):
-            raise Rejected("truncated", "the JSON ends early (still being written?)") from None
-        raise Rejected("corrupt", f"not valid JSON: {exc}") from None
     except RecursionError:
         raise Rejected("corrupt", "the JSON nests too deeply") from None
+    except ValueError as exc:  # JSONDecodeError, and integers too long to convert
+        if not text.rstrip().endswith("}"):  # a complete dump is one object
+            raise Rejected("truncated", "the JSON ends early (still being written?)") from None
+        raise Rejected("corrupt", f"not valid JSON ({exc.__class__.__name__})") from None
 
 
 def load_bytes(data: bytes) -> tuple[str, Any]:

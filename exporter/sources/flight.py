@@ -35,8 +35,8 @@ from ..config import FlightConfig
 from ..exposition import Batch
 from ..flight.analysis import RankDump, missing_ranks
 from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected
-from ..flight.read import read_dump
 from ..flight.schema import Dump
+from ..flight.worker import ParseWorker
 from .base import SourceError
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,9 @@ class _RankState:
     def __init__(self, workload: str, rank: int) -> None:
         self.workload = workload
         self.rank = rank
+        self.path = ""  # the file last read for this rank
         self.key: FileKey | None = None
+        self.waiting: dict[str, list[int]] = {}
         self.dump: Dump | None = None
         self.written = 0.0
         self._reset()
@@ -94,7 +96,7 @@ class _RankState:
         first = min(dump.entries, key=lambda e: e.record_id)
         return first.record_id > record_id and first.created_ns >= created
 
-    def absorb(self, dump: Dump, written: float, key: FileKey) -> None:
+    def absorb(self, dump: Dump, written: float, path: str, key: FileKey) -> None:
         if not self._continues(dump):
             log.info("flight: %s rank %d restarted (its record ids began again); counters restart",
                      self.workload, self.rank)
@@ -124,7 +126,10 @@ class _RankState:
         # Everything else is counted: only the ops still in flight are needed again (their waits,
         # and the cross-rank check), so a 2,000-entry dump does not stay in memory.
         kept = Dump(dump.version, [e for e in dump.entries if e.inflight], dump.groups)
-        self.dump, self.written, self.key = kept, written, key
+        self.waiting = {}  # pg -> time_created_ns of its in-flight ops
+        for entry in kept.entries:
+            self.waiting.setdefault(entry.pg, []).append(entry.created_ns)
+        self.dump, self.written, self.path, self.key = kept, written, path, key
 
     def render(self, batch: Batch) -> None:
         labels = (self.workload, str(self.rank))
@@ -140,7 +145,7 @@ class _RankState:
             if group.started is not None and group.started >= 0:
                 batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "started"), group.started)
             batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "completed"), max(group.completed or 0, 0))
-            waiting = [e.created_ns for e in dump.entries if e.pg == name and e.inflight]
+            waiting = self.waiting.get(name, ())
             batch.add(c.COLLECTIVE_INFLIGHT, pg, len(waiting))
             oldest = max(0.0, self.written - min(waiting) / 1e9) if waiting else 0.0
             batch.add(c.COLLECTIVE_OLDEST_INFLIGHT, pg, oldest)
@@ -183,9 +188,11 @@ class FlightSource:
         self.max_file_bytes = config.max_file_bytes
         self.max_files = config.max_files
         self.grace = config.rank_missing_after
+        self._parser = ParseWorker(config.max_file_bytes, timeout=config.timeout)
         self._clock = clock
         self._name = re.compile(re.escape(config.prefix) + r"(\d{1,9})(?:\.pkl|\.json)?")
-        self._states: dict[str, _RankState] = {}
+        self._pattern = f"{config.prefix}<rank>[.pkl|.json]"
+        self._states: dict[tuple[str, int], _RankState] = {}
         self._failed: dict[str, FileKey] = {}  # the version of a file already counted as rejected
         self._over: set[str] = set()  # files already counted as over max_files, or as bad names
         self.rejected: Counter[str] = Counter()
@@ -216,7 +223,10 @@ class FlightSource:
         self._note_dir("ok")
         found: list[_Found] = []
         for entry in top:
+            seen.add(entry.path)
             if entry.is_dir(follow_symlinks=False):
+                if entry.name.startswith("."):
+                    continue  # hidden: not a workload
                 try:
                     inner = list(os.scandir(entry.path))
                 except OSError as exc:
@@ -226,7 +236,6 @@ class FlightSource:
                     seen.add(item.path)
                     self._consider(item, entry.name, found, report)
             else:
-                seen.add(entry.path)
                 self._consider(entry, DEFAULT_WORKLOAD, found, report)
         return found
 
@@ -237,7 +246,7 @@ class FlightSource:
         match = self._name.fullmatch(name)
         if match is None:
             if not entry.is_dir(follow_symlinks=False):
-                self._reject_once(entry.path, "bad_name", f"not named {self._name.pattern}", report)
+                self._reject_once(entry.path, "bad_name", f"not named {self._pattern}", report)
             return
         try:
             st = entry.stat(follow_symlinks=False)
@@ -260,8 +269,8 @@ class FlightSource:
         for item in found:
             slot = (item.workload, item.rank)
             if slot in chosen:
-                self._reject_once(item.path, "bad_name", f"rank {item.rank} of {item.workload} already has the "
-                                  f"newer dump {chosen[slot].path}", report)
+                self._reject_once(item.path, "duplicate_rank", f"rank {item.rank} of {item.workload} already "
+                                  f"has the newer dump {chosen[slot].path}", report)
             elif len(chosen) >= self.max_files:
                 self._reject_once(item.path, "too_many_files", f"more than flight.max_files={self.max_files} "
                                   "dump files; the most recently written are read", report)
@@ -292,16 +301,23 @@ class FlightSource:
             os.close(fd)
         if len(data) > self.max_file_bytes:
             raise Rejected("too_large", f"grew past flight.max_file_bytes={self.max_file_bytes}")
-        return read_dump(data)
+        return self._parser.read(data)
 
     def _update(self, item: _Found, now: float, report: _Reporter) -> None:
-        state = self._states.get(item.path)
-        if state is not None and state.key == item.key:
+        slot = (item.workload, item.rank)
+        state = self._states.get(slot)
+        if state is not None and state.path == item.path and state.key == item.key:
             return  # unchanged since the last read
         if self._failed.get(item.path) == item.key:
             return  # this version was rejected already, and counted
         try:
-            dump = self._read(item)
+            try:
+                dump = self._read(item)
+            except Rejected:
+                raise
+            except Exception as exc:  # whatever a file provokes, it is a bad file, not a broken source
+                log.debug("flight: reading %s failed", item.path, exc_info=exc)
+                raise Rejected("corrupt", f"reading it failed ({exc.__class__.__name__})") from None
         except Rejected as exc:
             if exc.reason in MAYBE_PARTIAL and now - item.st.st_mtime < PARTIAL_WRITE_GRACE:
                 return  # probably still being written: try again next pass, count nothing yet
@@ -309,9 +325,9 @@ class FlightSource:
             self.rejected[exc.reason] += 1
             report.reject(item.path, exc.reason, str(exc))
             return
-        if state is None or (state.workload, state.rank) != (item.workload, item.rank):
-            state = self._states[item.path] = _RankState(item.workload, item.rank)
-        state.absorb(dump, item.st.st_mtime, item.key)
+        if state is None:  # keyed by rank, not path: a rank whose file is renamed keeps its counters
+            state = self._states[slot] = _RankState(item.workload, item.rank)
+        state.absorb(dump, item.st.st_mtime, item.path, item.key)
         self._failed.pop(item.path, None)
 
     # --- the collection -------------------------------------------------------------------------
@@ -324,9 +340,9 @@ class FlightSource:
         chosen = self._select(found, report)
         for item in chosen:
             self._update(item, now, report)
-        kept = {item.path for item in chosen}
-        for path in [p for p in self._states if p not in kept]:
-            del self._states[path]  # gone, or beyond max_files: no ghost series
+        kept = {(item.workload, item.rank) for item in chosen}
+        for slot in [s for s in self._states if s not in kept]:
+            del self._states[slot]  # gone, or beyond max_files: no ghost series
         for path in [p for p in self._failed if p not in seen]:
             del self._failed[path]
         self._over &= seen
@@ -349,4 +365,4 @@ class FlightSource:
         return batch
 
     def close(self) -> None:
-        pass
+        self._parser.close()

@@ -1,0 +1,142 @@
+"""Dumps are parsed in a separate, memory-limited process, never in the daemon itself.
+
+The restricted unpickler cannot run code, but CPython's C unpickler can still be made to allocate
+memory out of all proportion to a file (a 9-byte pickle asks for a 32 GiB memo table: CPython
+gh-115952, fixed only in late releases), and a crafted dump can make any parser spin. In the worker
+such a file exhausts only the worker: its address space is capped (RLIMIT_AS), it volunteers first
+for the OOM killer, a parse that runs past its time is killed, and a dead worker is restarted for the
+next file. The daemon counts the file as rejected and keeps serving.
+
+Results come back with `marshal`, plain tuples of numbers and strings, rebuilt into a Dump here.
+"""
+
+from __future__ import annotations
+
+import logging
+import marshal
+import multiprocessing
+from multiprocessing.connection import Connection
+from typing import Any
+
+from .load import Rejected
+from .read import read_dump
+from .schema import Dump, Entry, Group
+
+log = logging.getLogger(__name__)
+
+MEMORY_BASE = 512 * 2**20  # the worker's own interpreter and modules, with room to spare
+MEMORY_PER_FILE_BYTE = 16  # parsed dumps take a few times their file size; this leaves margin
+
+
+def memory_limit(max_file_bytes: int) -> int:
+    return MEMORY_BASE + MEMORY_PER_FILE_BYTE * max_file_bytes
+
+
+def _encode(dump: Dump) -> tuple[Any, ...]:
+    entries = tuple((e.record_id, e.pg, e.seq, e.is_p2p, e.op, e.created_ns, e.finished, e.duration_s, e.bytes,
+                     e.inflight) for e in dump.entries)
+    groups = tuple((g.name, g.desc, None if g.ranks is None else tuple(g.ranks), g.enqueued, g.started,
+                    g.completed) for g in dump.groups.values())
+    return (dump.version, entries, groups)
+
+
+def _decode(payload: tuple[Any, ...]) -> Dump:
+    version, entries, groups = payload
+    return Dump(
+        version,
+        [Entry(*fields) for fields in entries],
+        {name: Group(name, desc, None if ranks is None else frozenset(ranks), enq, started, completed)
+         for name, desc, ranks, enq, started, completed in groups})
+
+
+def _serve(conn: Connection, limit: int) -> None:
+    """The worker's loop: bytes in, ("ok", dump) or ("rejected", reason, message) out."""
+    try:
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        with open("/proc/self/oom_score_adj", "w") as handle:  # the OOM killer takes the worker first
+            handle.write("1000")
+    except (ImportError, OSError, ValueError):
+        pass
+    while True:
+        try:
+            data = conn.recv_bytes()
+        except (EOFError, OSError):
+            return  # the daemon went away
+        fatal = False
+        try:
+            reply: tuple[Any, ...] = ("ok", _encode(read_dump(data)))
+        except Rejected as exc:
+            reply = ("rejected", exc.reason, str(exc))
+        except MemoryError:
+            reply = ("rejected", "too_large", f"parsing it needs more than the parser's {limit // 2**20} MiB")
+            fatal = True  # start afresh rather than go on in a process that ran out of memory
+        except Exception as exc:  # anything else a hostile file provokes is still just a bad file
+            reply = ("rejected", "corrupt", f"the parser failed: {exc.__class__.__name__}")
+        del data
+        conn.send_bytes(marshal.dumps(reply))
+        if fatal:
+            return
+
+
+class ParseWorker:
+    """The daemon's side: one worker process, started on first use and restarted when it dies."""
+
+    def __init__(self, max_file_bytes: int, timeout: float) -> None:
+        self.limit = memory_limit(max_file_bytes)
+        self.timeout = timeout
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._conn: Connection | None = None
+        self.restarts = 0
+
+    def _start(self) -> Connection:
+        if self._conn is not None and self._process is not None and self._process.is_alive():
+            return self._conn
+        if self._process is not None:
+            self.restarts += 1
+            self._stop()
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: safe beside threads
+        parent, child = context.Pipe()
+        process = context.Process(target=_serve, args=(child, self.limit), name="goodput-flight-parser",
+                                  daemon=True)
+        process.start()
+        child.close()
+        self._process, self._conn = process, parent
+        return parent
+
+    def read(self, data: bytes) -> Dump:
+        """Parse one dump in the worker; raises Rejected for a bad file, whatever it did to the worker."""
+        conn = self._start()
+        try:
+            conn.send_bytes(data)
+            if not conn.poll(self.timeout):
+                self._stop()
+                raise Rejected("corrupt", f"parsing it took longer than {self.timeout:g}s; the parser was stopped")
+            reply = marshal.loads(conn.recv_bytes())
+        except (EOFError, OSError, ValueError, TypeError):
+            code = self._process.exitcode if self._process is not None else None
+            self._stop()
+            raise Rejected("too_large", f"the parser process died while reading it (exit {code}: out of "
+                                        "memory?)") from None
+        if reply[0] == "ok":
+            return _decode(reply[1])
+        if reply[1] == "too_large":
+            self._stop()
+        raise Rejected(reply[1], reply[2])
+
+    def _stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+        if self._process is not None and self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+        self._conn = None
+
+    def close(self) -> None:
+        self._stop()
+        self._process = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None and self._process.is_alive() else None
