@@ -6,6 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 DEMO_ADDRESS ?= 127.0.0.1:9445
 DEMO_SOCKET ?= /tmp/goodput-exporter-demo/ingest.sock
+DEMO_FLIGHT_DIR ?= /tmp/goodput-exporter-demo/flight
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick).
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
@@ -33,8 +34,10 @@ demo: venv
 	@echo "  metrics   http://$(DEMO_ADDRESS)/metrics"
 	@echo "  health    http://$(DEMO_ADDRESS)/healthz   ready: http://$(DEMO_ADDRESS)/readyz"
 	@echo "  training jobs report to unix:$(DEMO_SOCKET) (see README: Instrument your training loop)"
+	@echo "  flight-recorder dumps are read from $(DEMO_FLIGHT_DIR)/<workload>/nccl_trace_rank_<rank>"
+	@mkdir -p $(DEMO_FLIGHT_DIR)
 	$(BIN)/goodput-exporter serve --simulate 8 --web.listen-address $(DEMO_ADDRESS) \
-	  --ingest.socket-path $(DEMO_SOCKET)
+	  --ingest.socket-path $(DEMO_SOCKET) --flight.dir $(DEMO_FLIGHT_DIR)
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench
