@@ -4,8 +4,8 @@ The dump is real: this process runs 2,000 collectives on a one-rank gloo group (
 dumps its flight recorder, with and without stack traces; 64 copies stand for 64 ranks. Each round
 reads all 64 files every way, one after the other, so all see the same machine noise; the median
 round is reported. Our parse is the daemon's: the bytes go to the memory-limited parser process,
-which runs the restricted unpickler, the schema check and the extraction with the garbage collector
-paused, and sends the result back. Plain pickle.load is timed both as usually called and with the
+which runs the restricted unpickler, the schema check, the extraction and the counting with the
+garbage collector paused, and sends a summary back. Plain pickle.load is timed both as usually called and with the
 collector paused the same way. Run alone with `python bench/flight_parse.py`.
 """
 
@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.config import load
+from exporter.flight.accounting import Prior
 from exporter.flight.worker import ParseWorker
 from exporter.sources.flight import FlightSource
 
@@ -108,7 +109,7 @@ def measure(variant: str, data: bytes) -> Result:
 
     def safe() -> None:
         for path in paths:
-            parser.read(path.read_bytes())
+            parser.summarize(path.read_bytes(), Prior())
 
     plain_rounds: list[float] = []
     paused_rounds: list[float] = []

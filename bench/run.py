@@ -222,8 +222,8 @@ def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[
         f"{flight_parse.RANKS} ranks x {flight_parse.ENTRIES:,}-entry dumps, real (PyTorch's gloo flight recorder "
         f"after {flight_parse.ENTRIES:,}+ collectives), median of {flight_parse.ROUNDS} rounds over all files. "
         "*Safe parse* is what the daemon does with a new dump: sent to",
-        "its memory-limited parser process, the restricted unpickler, the schema check and the extraction "
-        "with the garbage collector paused, and the result sent back. "
+        "its memory-limited parser process, the restricted unpickler, the schema check, the extraction and "
+        "the counting with the garbage collector paused, and a summary sent back. "
         "Target: within 1.5x of plain `pickle.load`.",
         "",
         "| dump | size per file | `pickle.load` | `pickle.load`, GC paused | safe parse | ratio | ratio to GC-paused "

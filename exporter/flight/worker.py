@@ -7,7 +7,8 @@ such a file exhausts only the worker: its address space is capped (RLIMIT_AS), i
 for the OOM killer, a parse that runs past its time is killed, and a dead worker is restarted for the
 next file. The daemon counts the file as rejected and keeps serving.
 
-Results come back with `marshal`, plain tuples of numbers and strings, rebuilt into a Dump here.
+The worker also does the counting (`accounting.summarize`): what crosses back is a small summary,
+as plain tuples and dicts through `marshal`, not the 2,000 entries of a dump.
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ import multiprocessing
 from multiprocessing.connection import Connection
 from typing import Any
 
+from .accounting import Prior, Summary, summarize
 from .load import Rejected
 from .read import read_dump
-from .schema import Dump, Entry, Group
+from .schema import Entry, Group
 
 log = logging.getLogger(__name__)
 
@@ -32,25 +34,33 @@ def memory_limit(max_file_bytes: int) -> int:
     return MEMORY_BASE + MEMORY_PER_FILE_BYTE * max_file_bytes
 
 
-def _encode(dump: Dump) -> tuple[Any, ...]:
-    entries = tuple((e.record_id, e.pg, e.seq, e.is_p2p, e.op, e.created_ns, e.finished, e.duration_s, e.bytes,
-                     e.inflight) for e in dump.entries)
-    groups = tuple((g.name, g.desc, None if g.ranks is None else tuple(g.ranks), g.enqueued, g.started,
-                    g.completed) for g in dump.groups.values())
-    return (dump.version, entries, groups)
+def _entry(e: Entry) -> tuple[Any, ...]:
+    return (e.record_id, e.pg, e.seq, e.is_p2p, e.op, e.created_ns, e.finished, e.duration_s, e.bytes, e.inflight)
 
 
-def _decode(payload: tuple[Any, ...]) -> Dump:
-    version, entries, groups = payload
-    return Dump(
+def _group(g: Group) -> tuple[Any, ...]:
+    return (g.name, g.desc, None if g.ranks is None else tuple(g.ranks), g.enqueued, g.started, g.completed)
+
+
+def encode(summary: Summary) -> tuple[Any, ...]:
+    return (summary.version, tuple(map(_group, summary.groups.values())), tuple(map(_entry, summary.inflight)),
+            summary.restarted, summary.ops, summary.bytes, summary.durations, summary.duration_sums, summary.lost,
+            (summary.prior.counted_to, summary.prior.last_seen, summary.prior.timed))
+
+
+def decode(payload: tuple[Any, ...]) -> Summary:
+    version, groups, inflight, restarted, ops, sizes, durations, sums, lost, prior = payload
+    counted_to, last_seen, timed = prior
+    return Summary(
         version,
-        [Entry(*fields) for fields in entries],
         {name: Group(name, desc, None if ranks is None else frozenset(ranks), enq, started, completed)
-         for name, desc, ranks, enq, started, completed in groups})
+         for name, desc, ranks, enq, started, completed in groups},
+        [Entry(*fields) for fields in inflight], restarted, ops, sizes, durations, sums, lost,
+        Prior(counted_to, None if last_seen is None else tuple(last_seen), frozenset(timed)))  # type: ignore[arg-type]
 
 
 def _serve(conn: Connection, limit: int) -> None:
-    """The worker's loop: bytes in, ("ok", dump) or ("rejected", reason, message) out."""
+    """The worker's loop: (prior, dump bytes) in; ("ok", summary) or ("rejected", reason, message) out."""
     try:
         import resource
 
@@ -61,12 +71,14 @@ def _serve(conn: Connection, limit: int) -> None:
         pass
     while True:
         try:
+            counted_to, last_seen, timed = marshal.loads(conn.recv_bytes())
             data = conn.recv_bytes()
         except (EOFError, OSError):
             return  # the daemon went away
         fatal = False
         try:
-            reply: tuple[Any, ...] = ("ok", _encode(read_dump(data)))
+            prior = Prior(counted_to, None if last_seen is None else tuple(last_seen), frozenset(timed))
+            reply: tuple[Any, ...] = ("ok", encode(summarize(read_dump(data), prior)))
         except Rejected as exc:
             reply = ("rejected", exc.reason, str(exc))
         except MemoryError:
@@ -105,10 +117,12 @@ class ParseWorker:
         self._process, self._conn = process, parent
         return parent
 
-    def read(self, data: bytes) -> Dump:
-        """Parse one dump in the worker; raises Rejected for a bad file, whatever it did to the worker."""
+    def summarize(self, data: bytes, prior: Prior) -> Summary:
+        """Parse and count one dump in the worker; raises Rejected for a bad file, whatever it did to
+        the worker."""
         conn = self._start()
         try:
+            conn.send_bytes(marshal.dumps((prior.counted_to, prior.last_seen, prior.timed)))
             conn.send_bytes(data)
             if not conn.poll(self.timeout):
                 self._stop()
@@ -120,7 +134,7 @@ class ParseWorker:
             raise Rejected("too_large", f"the parser process died while reading it (exit {code}: out of "
                                         "memory?)") from None
         if reply[0] == "ok":
-            return _decode(reply[1])
+            return decode(reply[1])
         if reply[1] == "too_large":
             self._stop()
         raise Rejected(reply[1], reply[2])

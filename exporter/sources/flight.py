@@ -19,7 +19,6 @@ replaces it, the rank keeps the series of its last good dump, and its dump times
 
 from __future__ import annotations
 
-import bisect
 import logging
 import os
 import re
@@ -33,6 +32,7 @@ from pathlib import Path
 from .. import catalog as c
 from ..config import FlightConfig
 from ..exposition import Batch
+from ..flight.accounting import Prior, Summary
 from ..flight.analysis import RankDump, missing_ranks
 from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected
 from ..flight.schema import Dump
@@ -62,74 +62,46 @@ class _Found:
 
 
 class _RankState:
-    """What one rank's dump file has shown so far: the last good dump and the counters built from
-    every dump read, each op counted once however many dumps it appears in."""
+    """What one rank's dumps have shown so far: the last good dump's groups and in-flight ops, and
+    the counters merged from every dump's summary."""
 
     def __init__(self, workload: str, rank: int) -> None:
         self.workload = workload
         self.rank = rank
         self.path = ""  # the file last read for this rank
         self.key: FileKey | None = None
-        self.waiting: dict[str, list[int]] = {}
-        self.dump: Dump | None = None
+        self.dump: Dump | None = None  # groups and in-flight entries of the last good dump
+        self.waiting: dict[str, list[int]] = {}  # pg -> time_created_ns of its in-flight ops
         self.written = 0.0
         self._reset()
 
     def _reset(self) -> None:
-        self.counted_to = -1  # highest record_id counted in ops and bytes
-        self.last_seen: tuple[int, int] | None = None  # (record_id, time_created_ns) of that entry
-        self.timed: set[int] = set()  # record_ids whose durations are counted
+        self.prior = Prior()
         self.ops: Counter[tuple[str, str]] = Counter()
         self.bytes: Counter[tuple[str, str]] = Counter()
         self.durations: dict[tuple[str, str], list[int]] = {}
         self.duration_sums: Counter[tuple[str, str]] = Counter()
         self.lost = 0
 
-    def _continues(self, dump: Dump) -> bool:
-        """False when the dump comes from a new process, or a flight-recorder reset."""
-        if self.last_seen is None or not dump.entries:
-            return True
-        record_id, created = self.last_seen
-        for entry in dump.entries:
-            if entry.record_id == record_id:
-                return entry.created_ns == created
-        first = min(dump.entries, key=lambda e: e.record_id)
-        return first.record_id > record_id and first.created_ns >= created
-
-    def absorb(self, dump: Dump, written: float, path: str, key: FileKey) -> None:
-        if not self._continues(dump):
+    def absorb(self, summary: Summary, written: float, path: str, key: FileKey) -> None:
+        if summary.restarted:
             log.info("flight: %s rank %d restarted (its record ids began again); counters restart",
                      self.workload, self.rank)
             self._reset()
-        timed = set()
-        newest = None
-        for entry in dump.entries:
-            group = (entry.pg, entry.op)
-            if entry.record_id > self.counted_to:
-                self.ops[group] += 1
-                self.bytes[group] += entry.bytes or 0
-            if entry.duration_s is not None:
-                timed.add(entry.record_id)
-                if entry.record_id not in self.timed:
-                    counts = self.durations.setdefault(group, [0] * (len(c.COLLECTIVE_BUCKETS) + 1))
-                    counts[bisect.bisect_left(c.COLLECTIVE_BUCKETS, entry.duration_s)] += 1
-                    self.duration_sums[group] += entry.duration_s
-            if newest is None or entry.record_id > newest.record_id:
-                newest = entry
-        if newest is not None:
-            first = min(e.record_id for e in dump.entries)
-            if self.counted_to >= 0 and first > self.counted_to + 1:
-                self.lost += first - self.counted_to - 1
-            self.counted_to = max(self.counted_to, newest.record_id)
-            self.last_seen = (newest.record_id, newest.created_ns)
-        self.timed = timed
-        # Everything else is counted: only the ops still in flight are needed again (their waits,
-        # and the cross-rank check), so a 2,000-entry dump does not stay in memory.
-        kept = Dump(dump.version, [e for e in dump.entries if e.inflight], dump.groups)
-        self.waiting = {}  # pg -> time_created_ns of its in-flight ops
-        for entry in kept.entries:
+        self.ops.update(summary.ops)
+        self.bytes.update(summary.bytes)
+        self.duration_sums.update(summary.duration_sums)
+        for group, counts in summary.durations.items():
+            mine = self.durations.setdefault(group, [0] * len(counts))
+            for i, count in enumerate(counts):
+                mine[i] += count
+        self.lost += summary.lost
+        self.prior = summary.prior
+        self.waiting = {}
+        for entry in summary.inflight:
             self.waiting.setdefault(entry.pg, []).append(entry.created_ns)
-        self.dump, self.written, self.path, self.key = kept, written, path, key
+        self.dump = Dump(summary.version, summary.inflight, summary.groups)
+        self.written, self.path, self.key = written, path, key
 
     def render(self, batch: Batch) -> None:
         labels = (self.workload, str(self.rank))
@@ -280,7 +252,7 @@ class FlightSource:
 
     # --- reading one file -------------------------------------------------------------------------
 
-    def _read(self, item: _Found) -> Dump:
+    def _read(self, item: _Found, prior: Prior) -> Summary:
         if not stat.S_ISREG(item.st.st_mode):
             raise Rejected("not_regular", "not a regular file (symbolic links are not followed)")
         if item.st.st_size > self.max_file_bytes:
@@ -301,7 +273,7 @@ class FlightSource:
             os.close(fd)
         if len(data) > self.max_file_bytes:
             raise Rejected("too_large", f"grew past flight.max_file_bytes={self.max_file_bytes}")
-        return self._parser.read(data)
+        return self._parser.summarize(data, prior)
 
     def _update(self, item: _Found, now: float, report: _Reporter) -> None:
         slot = (item.workload, item.rank)
@@ -312,7 +284,7 @@ class FlightSource:
             return  # this version was rejected already, and counted
         try:
             try:
-                dump = self._read(item)
+                summary = self._read(item, state.prior if state is not None else Prior())
             except Rejected:
                 raise
             except Exception as exc:  # whatever a file provokes, it is a bad file, not a broken source
@@ -327,7 +299,7 @@ class FlightSource:
             return
         if state is None:  # keyed by rank, not path: a rank whose file is renamed keeps its counters
             state = self._states[slot] = _RankState(item.workload, item.rank)
-        state.absorb(dump, item.st.st_mtime, item.path, item.key)
+        state.absorb(summary, item.st.st_mtime, item.path, item.key)
         self._failed.pop(item.path, None)
 
     # --- the collection -------------------------------------------------------------------------
