@@ -12,7 +12,7 @@ DEMO_FLIGHT_DIR ?= /tmp/goodput-exporter-demo/flight
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs deps venv clean flight-dumps
+.PHONY: demo test bench lint docs rules deps venv clean flight-dumps
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,10 @@ bench: deps venv
 docs: venv
 	$(BIN)/goodput-exporter metrics-doc > docs/metrics.md
 	$(BIN)/goodput-exporter config-doc > docs/configuration.md
+
+# Regenerate rules/ from exporter/rules/ (defaults); a test fails when the committed files are stale.
+rules: venv
+	$(BIN)/goodput-exporter rules --out rules
 
 # Regenerate the real PyTorch flight-recorder dumps the tests read (gloo, CPU; about 30 s).
 flight-dumps: venv

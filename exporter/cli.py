@@ -9,6 +9,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from . import __version__
@@ -17,7 +18,7 @@ from .sockets import bind
 
 log = logging.getLogger("exporter")
 
-COMMANDS = ("serve", "metrics-doc", "config-doc", "version")
+COMMANDS = ("serve", "rules", "metrics-doc", "config-doc", "version")
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -107,6 +108,41 @@ def serve(config: Config) -> int:
     return 0
 
 
+def rules_command(argv: list[str]) -> int:
+    """`goodput-exporter rules [--settings FILE] [--out DIR] [--check]`."""
+    from .rules.render import rule_files
+    from .rules.settings import load_settings
+
+    parser = argparse.ArgumentParser(
+        prog="goodput-exporter rules",
+        description="Write the Prometheus recording rules generated from the rules settings.")
+    parser.add_argument("--settings", help="YAML file overriding the default thresholds, windows and labels")
+    parser.add_argument("--out", default="rules", help="directory to write into (default: rules)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when a file in --out differs from what would be written")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.settings)
+    except ConfigError as exc:
+        print(f"goodput-exporter: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    stale = []
+    for name, text in rule_files(settings, source=args.settings or "defaults").items():
+        path = out / name
+        if args.check:
+            if not path.exists() or path.read_text() != text:
+                stale.append(str(path))
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        print(f"wrote {path}")
+    if stale:
+        print(f"stale: {', '.join(stale)} (run `make rules`)", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = "serve"
@@ -115,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif argv and argv[0] in ("-h", "--help"):
         print(f"usage: goodput-exporter [{'|'.join(COMMANDS)}] [flags]\n"
               "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags\n"
+              "  rules            write the Prometheus rule files (rules/); `rules --help` for options\n"
               "  metrics-doc      print the metrics reference (docs/metrics.md)\n"
               "  config-doc       print the configuration reference (docs/configuration.md)\n"
               "  version          print the version")
@@ -122,6 +159,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "version":
         print(__version__)
         return 0
+    if command == "rules":
+        return rules_command(argv)
     if command == "metrics-doc":
         from .docs import metrics_markdown
 

@@ -1,0 +1,1 @@
+"""Prometheus rules, generated from one settings model: `goodput-exporter rules` writes rules/."""

@@ -1,0 +1,85 @@
+"""The one place thresholds, windows and label names of the rules live; rules/ is generated from it.
+
+Defaults are what `rules/` ships; `goodput-exporter rules --settings FILE` renders the same rules with
+a YAML file's overrides (unknown keys are errors, as in the daemon's config).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..config import ConfigError
+
+_RANGE = re.compile(r"^\d+[smhd]$")
+_LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+def _range(value: str) -> str:
+    if not _RANGE.match(value):
+        raise ValueError(f"{value!r} is not a PromQL range like 5m or 1h")
+    return value
+
+
+def seconds(range_: str) -> int:
+    return int(range_[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[range_[-1]]
+
+
+class RulesSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    windows: list[str] = Field(
+        ["5m", "1h"], description="Rate windows of the recording rules, shortest first; the last is the "
+        "baseline the short window is compared with.")
+    node_label: str = Field(
+        "instance", description="Label that names a node on the exporter's series (instance unless "
+        "relabeling adds e.g. node).")
+    cluster_label: str = Field(
+        "cluster", description="Label that names a cluster (an external label); absent is fine.")
+    memory_predict_window: str = Field("30m", description="History predict_linear() fits GPU memory on.")
+    memory_predict_horizon: str = Field("1h", description="How far ahead GPU memory use is predicted.")
+    goodput_trend_window: str = Field("1h", description="Window of deriv() over the short-window goodput.")
+
+    @field_validator("windows")
+    @classmethod
+    def _check_windows(cls, value: list[str]) -> list[str]:
+        if len(value) < 2:
+            raise ValueError("at least two windows: a short one and a baseline")
+        for item in value:
+            _range(item)
+        if [seconds(v) for v in value] != sorted({seconds(v) for v in value}):
+            raise ValueError("windows must be distinct and shortest first")
+        return value
+
+    @field_validator("memory_predict_window", "memory_predict_horizon", "goodput_trend_window")
+    @classmethod
+    def _check_range(cls, value: str) -> str:
+        return _range(value)
+
+    @field_validator("node_label", "cluster_label")
+    @classmethod
+    def _check_label(cls, value: str) -> str:
+        if not _LABEL.match(value):
+            raise ValueError(f"{value!r} is not a label name")
+        return value
+
+
+def load_settings(path: str | Path | None) -> RulesSettings:
+    data: Any = {}
+    if path is not None:
+        try:
+            data = yaml.safe_load(Path(path).read_text()) or {}
+        except OSError as exc:
+            raise ConfigError(f"cannot read rules settings {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"rules settings {path} are not valid YAML: {exc}") from None
+    try:
+        return RulesSettings.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or '(top level)'}: "
+                             f"{'unknown key' if e['type'] == 'extra_forbidden' else e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid rules settings: {problems}") from None
