@@ -89,7 +89,7 @@ def test_every_name_a_rule_uses_exists() -> None:
 
 
 def test_names_follow_level_metric_operations() -> None:
-    for rule in rules():
+    for rule in [r for r in rules() if "record" in r]:
         level, metric, operations = rule["record"].split(":")
         assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and metric.startswith("goodput_") and operations
 
@@ -116,3 +116,45 @@ def test_bad_settings_are_refused_with_the_key_named(tmp_path: Path) -> None:
         result = cli("--settings", str(settings), "--out", str(tmp_path / "out"))
         assert result.returncode == 2 and needle in result.stderr, (text, result.stderr)
         assert not (tmp_path / "out").exists()
+
+
+def alert_rules() -> list[dict]:
+    return [rule for rule in rules() if "alert" in rule]
+
+
+def test_alerts_follow_the_conventions() -> None:
+    names = [rule["alert"] for rule in alert_rules()]
+    assert len(names) == len(set(names)) == 11
+    for rule in alert_rules():
+        assert re.fullmatch(r"Goodput([A-Z][a-z0-9]*|GPU|ECC|XID)+", rule["alert"]), rule["alert"]
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        notes = rule["annotations"]
+        assert "{{" not in notes["summary"], "summaries are static"
+        assert "{{ $labels." in notes["description"], "descriptions name what is affected"
+        runbook = notes["runbook_url"].rsplit("/", 1)[1]
+        assert (ROOT / "docs" / "runbooks" / runbook).is_file(), runbook
+
+
+def test_every_alert_is_tested_firing_and_silent() -> None:
+    firing: set[str] = set()
+    silent: set[str] = set()
+    for path in TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                (firing if check.get("exp_alerts") else silent).add(check["alertname"])
+    names = {rule["alert"] for rule in alert_rules()}
+    assert names - firing == set() and names - silent == set()
+
+
+def test_runbooks_name_only_series_that_exist() -> None:
+    recorded = {rule["record"] for rule in rules() if "record" in rule}
+    exported = {m.name for m in CATALOG.values()}
+    for path in sorted((ROOT / "docs" / "runbooks").glob("*.md")):
+        text = path.read_text()
+        for name in set(_RECORDED.findall(text)):
+            assert name in recorded, f"{path.name}: {name}"
+        for name in set(_METRIC.findall(_RECORDED.sub("", text))):
+            if name.endswith("_"):  # a family written as goodput_gpu_nvlink_*
+                assert any(m.startswith(name) for m in exported), f"{path.name}: {name}*"
+            else:
+                assert name in exported, f"{path.name}: {name}"

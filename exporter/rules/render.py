@@ -6,6 +6,7 @@ from typing import Any
 
 import yaml
 
+from .alerts import alert_groups
 from .recording import recording_groups
 from .settings import RulesSettings
 
@@ -30,5 +31,6 @@ def to_yaml(data: Any) -> str:
 
 def rule_files(settings: RulesSettings, source: str = "defaults") -> dict[str, str]:
     """File name -> content, for every file `goodput-exporter rules` writes."""
-    return {"goodput-recording.rules.yml": HEADER.format(source=source)
-            + to_yaml({"groups": recording_groups(settings)})}
+    header = HEADER.format(source=source)
+    return {"goodput-recording.rules.yml": header + to_yaml({"groups": recording_groups(settings)}),
+            "goodput-alerts.rules.yml": header + to_yaml({"groups": alert_groups(settings)})}

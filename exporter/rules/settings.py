@@ -43,6 +43,37 @@ class RulesSettings(BaseModel):
     memory_predict_window: str = Field("30m", description="History predict_linear() fits GPU memory on.")
     memory_predict_horizon: str = Field("1h", description="How far ahead GPU memory use is predicted.")
     goodput_trend_window: str = Field("1h", description="Window of deriv() over the short-window goodput.")
+    # --- alerts -----------------------------------------------------------------------------------
+    runbook_base_url: str = Field(
+        "https://github.com/goodput-exporter/goodput-exporter/blob/main/docs/runbooks",
+        description="Where the runbooks (docs/runbooks/ of this repository) are served; point it at your copy.")
+    exporter_job: str = Field("goodput-exporter", description="The Prometheus job scraping the exporter.")
+    goodput_drop_ratio: float = Field(
+        0.3, gt=0, lt=1, description="GoodputDrop: tokens/s or goodput this much below the workload's baseline.")
+    goodput_drop_for: str = Field("15m", description="GoodputDrop: for how long.")
+    idle_while_allocated_ratio: float = Field(
+        0.5, gt=0, le=1, description="GoodputGPUIdleWhileAllocated: idle share of an allocated GPU.")
+    idle_while_allocated_for: str = Field("30m", description="GoodputGPUIdleWhileAllocated: for how long.")
+    straggler_ratio: float = Field(
+        1.5, gt=1, description="GoodputStraggler: a rank's mean step time over the median rank's.")
+    straggler_for: str = Field("10m", description="GoodputStraggler: for how long.")
+    collective_hang_seconds: float = Field(
+        300, gt=0, description="GoodputCollectiveHang: oldest in-flight collective waiting this long.")
+    dump_stale_seconds: float = Field(
+        900, gt=0, description="A flight-recorder dump older than this no longer proves a hang.")
+    rank_missing_for: str = Field("1m", description="GoodputCollectiveRankMissing: for how long.")
+    critical_xids: list[int] = Field(
+        [31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
+        description="GoodputGPUXidCritical: XID codes that page.")
+    throttle_ratio: float = Field(
+        0.2, gt=0, le=1, description="GoodputGPUThrottled: share of time clocks were held down by power, "
+        "thermal, board or reliability limits.")
+    throttle_for: str = Field("15m", description="GoodputGPUThrottled: for how long.")
+    memory_used_ratio: float = Field(
+        0.8, gt=0, le=1, description="GoodputGPUMemoryExhaustionSoon: only past this much memory in use.")
+    memory_exhaustion_for: str = Field("10m", description="GoodputGPUMemoryExhaustionSoon: for how long.")
+    exporter_down_for: str = Field("5m", description="GoodputExporterDown: for how long.")
+    source_failing_for: str = Field("10m", description="GoodputExporterSourceFailing: for how long.")
 
     @field_validator("windows")
     @classmethod
@@ -55,7 +86,9 @@ class RulesSettings(BaseModel):
             raise ValueError("windows must be distinct and shortest first")
         return value
 
-    @field_validator("memory_predict_window", "memory_predict_horizon", "goodput_trend_window")
+    @field_validator("memory_predict_window", "memory_predict_horizon", "goodput_trend_window", "goodput_drop_for",
+                     "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
+                     "memory_exhaustion_for", "exporter_down_for", "source_failing_for")
     @classmethod
     def _check_range(cls, value: str) -> str:
         return _range(value)
