@@ -62,8 +62,8 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"workload_rank:goodput_straggler_ratio:rate{short} > {s.straggler_ratio}",
             s.straggler_for,
             "One rank of a training workload is much slower than the others.",
-            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} takes {{ $value | printf \"%.2f\" }}x "
-            "the median rank's step time; every other rank waits for it."),
+            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} spends {{ $value | printf \"%.2f\" }}x "
+            "the median rank's time per step outside collectives; every other rank waits for it."),
         Alert(
             "GoodputCollectiveHang", "collective-hang.md", "critical",
             f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"

@@ -55,6 +55,7 @@ def _workload(s: RulesSettings) -> list[Rule]:
     for w in s.windows:
         phases = f"workload:goodput_phase_seconds:rate{w}"
         step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
+        own = f"workload_rank:goodput_step_own_seconds:mean{w}"
         rules += [
             {"record": phases,
              "expr": f"sum by ({c}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
@@ -68,10 +69,17 @@ def _workload(s: RulesSettings) -> list[Rule]:
             {"record": step,
              "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
                      f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
-            # each rank's mean step time over the median rank's: the slowest rank is the straggler
+            # In synchronous training every rank's step lasts as long as the slowest one's (they all
+            # meet in the all-reduce), so the straggler is found by its own time per step: every phase
+            # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
+            # fall back to their step time.
+            {"record": own,
+             "expr": f'sum by ({c}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
+                     f"  / (sum by ({c}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
+                     f"or\n{step}"},
             {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
-             "expr": f"{step}\n  / on ({c}, workload) group_left ()\n"
-                     f"    (quantile by ({c}, workload) (0.5, {step}) > 0)"},
+             "expr": f"{own}\n  / on ({c}, workload) group_left ()\n"
+                     f"    (quantile by ({c}, workload) (0.5, {own}) > 0)"},
             {"record": f"workload:goodput_straggler_ratio:rate{w}",
              "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
             {"record": f"workload:goodput_tokens:rate{w}",

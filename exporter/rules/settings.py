@@ -55,7 +55,7 @@ class RulesSettings(BaseModel):
         0.5, gt=0, le=1, description="GoodputGPUIdleWhileAllocated: idle share of an allocated GPU.")
     idle_while_allocated_for: str = Field("30m", description="GoodputGPUIdleWhileAllocated: for how long.")
     straggler_ratio: float = Field(
-        1.5, gt=1, description="GoodputStraggler: a rank's mean step time over the median rank's.")
+        1.5, gt=1, description="GoodputStraggler: a rank's own time per step over the median rank's.")
     straggler_for: str = Field("10m", description="GoodputStraggler: for how long.")
     collective_hang_seconds: float = Field(
         300, gt=0, description="GoodputCollectiveHang: oldest in-flight collective waiting this long.")
