@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import logging
 import marshal
-import multiprocessing
+import os
+import socket
+import subprocess
+import sys
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -93,29 +96,34 @@ def _serve(conn: Connection, limit: int) -> None:
 
 
 class ParseWorker:
-    """The daemon's side: one worker process, started on first use and restarted when it dies."""
+    """The daemon's side: one worker process, started on first use and restarted when it dies.
+
+    The worker is a fresh `python -m exporter.flight.worker` talking over an inherited socket pair:
+    unlike multiprocessing's spawn it never re-imports the daemon's (or a user script's) main module."""
 
     def __init__(self, max_file_bytes: int, timeout: float) -> None:
         self.limit = memory_limit(max_file_bytes)
         self.timeout = timeout
-        self._process: multiprocessing.process.BaseProcess | None = None
+        self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self.restarts = 0
 
     def _start(self) -> Connection:
-        if self._conn is not None and self._process is not None and self._process.is_alive():
+        if self._conn is not None and self._process is not None and self._process.poll() is None:
             return self._conn
         if self._process is not None:
             self.restarts += 1
             self._stop()
-        context = multiprocessing.get_context("spawn")  # a fresh interpreter: safe beside threads
-        parent, child = context.Pipe()
-        process = context.Process(target=_serve, args=(child, self.limit), name="goodput-flight-parser",
-                                  daemon=True)
-        process.start()
-        child.close()
-        self._process, self._conn = process, parent
-        return parent
+        ours, theirs = socket.socketpair()
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "exporter.flight.worker", str(theirs.fileno()), str(self.limit)],
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
+                env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
+        finally:
+            theirs.close()
+        self._process, self._conn = process, Connection(ours.detach())
+        return self._conn
 
     def summarize(self, data: bytes, prior: Prior) -> Summary:
         """Parse and count one dump in the worker; raises Rejected for a bad file, whatever it did to
@@ -129,7 +137,7 @@ class ParseWorker:
                 raise Rejected("corrupt", f"parsing it took longer than {self.timeout:g}s; the parser was stopped")
             reply = marshal.loads(conn.recv_bytes())
         except (EOFError, OSError, ValueError, TypeError):
-            code = self._process.exitcode if self._process is not None else None
+            code = self._process.poll() if self._process is not None else None
             self._stop()
             raise Rejected("too_large", f"the parser process died while reading it (exit {code}: out of "
                                         "memory?)") from None
@@ -142,9 +150,13 @@ class ParseWorker:
     def _stop(self) -> None:
         if self._conn is not None:
             self._conn.close()
-        if self._process is not None and self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        if self._process is not None:
+            if self._process.poll() is None:
+                self._process.kill()
+            try:
+                self._process.wait(5)
+            except subprocess.TimeoutExpired:
+                log.warning("flight: the parser process %d did not exit", self._process.pid)
         self._conn = None
 
     def close(self) -> None:
@@ -153,4 +165,8 @@ class ParseWorker:
 
     @property
     def pid(self) -> int | None:
-        return self._process.pid if self._process is not None and self._process.is_alive() else None
+        return self._process.pid if self._process is not None and self._process.poll() is None else None
+
+
+if __name__ == "__main__":  # the worker process: python -m exporter.flight.worker FD LIMIT
+    _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))

@@ -1,0 +1,208 @@
+"""The live stack on 127.0.0.1: the daemon on simulated GPUs, a simulated training job, Prometheus
+with the rules and Alertmanager (Debian's `prometheus` and `prometheus-alertmanager`).
+
+Rules are rendered with DEMO_SETTINGS: the same rules with short windows and `for:` durations, so a
+fault shows as an alert within a minute. The daemon runs in this process so that faults can be
+injected into its simulated GPUs while it runs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import uvicorn
+import yaml
+
+from ..config import load
+from ..daemon import Daemon
+from ..gpu.simulated import SimulatedGpus
+from ..rules.render import rule_files
+from ..rules.settings import RulesSettings
+from ..sockets import bind
+from ..web import create_app
+from .simjob import SimulatedJob
+
+log = logging.getLogger(__name__)
+
+DEMO_SETTINGS = RulesSettings(
+    windows=["20s", "2m"], memory_predict_window="2m", goodput_trend_window="2m",
+    goodput_drop_for="20s", idle_while_allocated_for="1m", straggler_for="15s", collective_hang_seconds=20,
+    dump_stale_seconds=60, rank_missing_for="5s", throttle_for="30s", memory_exhaustion_for="30s",
+    exporter_down_for="20s", source_failing_for="20s")
+WORKLOAD = "demo-job"
+
+
+class StackError(Exception):
+    """A part of the stack could not be started; the message says which and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _binary(*names: str) -> str:
+    for name in names:
+        path = shutil.which(name)
+        if path:
+            return path
+    raise StackError(f"{names[0]} is not installed (Debian: apt-get install prometheus prometheus-alertmanager; "
+                     "`make deps` does it)")
+
+
+@dataclass
+class Ports:
+    exporter: int
+    prometheus: int
+    alertmanager: int
+
+    @classmethod
+    def free(cls) -> Ports:
+        return cls(free_port(), free_port(), free_port())
+
+
+class Stack:
+    def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
+                 webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS) -> None:
+        self.workdir = Path(workdir)
+        self.ports = ports
+        self.ranks = ranks
+        self.webhook_url = webhook_url
+        self.settings = settings
+        self.gpus = SimulatedGpus(gpus)
+        self.job: SimulatedJob | None = None
+        self.daemon: Daemon | None = None
+        self._server: uvicorn.Server | None = None
+        self._server_thread: threading.Thread | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def urls(self) -> dict[str, str]:
+        return {"exporter": f"http://127.0.0.1:{self.ports.exporter}",
+                "prometheus": f"http://127.0.0.1:{self.ports.prometheus}",
+                "alertmanager": f"http://127.0.0.1:{self.ports.alertmanager}"}
+
+    # --- start and stop ----------------------------------------------------------------------------
+
+    def start(self) -> Stack:
+        try:
+            (self.workdir / "flight").mkdir(parents=True, exist_ok=True)
+            self._start_daemon()
+            self._start_alertmanager()
+            self._start_prometheus()
+            self.job = SimulatedJob(WORKLOAD, self.ranks, str(self.workdir / "ingest.sock"),
+                                    self.workdir / "flight").start()
+            for rank in range(self.ranks):  # each rank holds one GPU, as a real job's processes would
+                self.gpus.attach_process(rank, os.getpid())
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        if self.job is not None:
+            self.job.stop()
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self._procs:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._server_thread is not None:
+            self._server_thread.join(5)
+        if self.daemon is not None:
+            self.daemon.stop()
+
+    def _start_daemon(self) -> None:
+        config = load(None, {
+            "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
+            "nvml": {"interval": "1s"}, "host": {"interval": "5s"},
+            "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock")},
+            "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
+        }, environ={})
+        sock = bind(config.web.listen_address)
+        self.daemon = Daemon(config, backend=self.gpus)
+        self.daemon.start()
+        self._server = uvicorn.Server(uvicorn.Config(
+            create_app(self.daemon), log_config=None, access_log=False, lifespan="off", http="httptools"))
+        self._server_thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                               name="demo-http", daemon=True)
+        self._server_thread.start()
+        self._wait_ready("exporter", f"{self.urls['exporter']}/readyz")
+
+    def _start_alertmanager(self) -> None:
+        receiver: dict[str, object] = {"name": "default"}
+        if self.webhook_url:
+            receiver["webhook_configs"] = [{"url": self.webhook_url, "send_resolved": True}]
+        config = {
+            "route": {"receiver": "default", "group_by": ["..."], "group_wait": "1s", "group_interval": "1s",
+                      "repeat_interval": "1h"},
+            "receivers": [receiver],
+        }
+        path = self.workdir / "alertmanager.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._spawn("alertmanager", [
+            _binary("prometheus-alertmanager", "alertmanager"), f"--config.file={path}",
+            f"--storage.path={self.workdir / 'alertmanager-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.alertmanager}", "--cluster.listen-address="])
+        self._wait_ready("alertmanager", f"{self.urls['alertmanager']}/-/ready")
+
+    def _start_prometheus(self) -> None:
+        rules = self.workdir / "rules"
+        rules.mkdir(exist_ok=True)
+        for name, text in rule_files(self.settings, source="the demo's fast settings").items():
+            (rules / name).write_text(text)
+        config = {
+            "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+            "rule_files": [str(rules / "*.rules.yml")],
+            "alerting": {"alertmanagers": [{"static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
+            "scrape_configs": [{"job_name": self.settings.exporter_job, "static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports.exporter}"]}]}],
+        }
+        path = self.workdir / "prometheus.yml"
+        path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self._spawn("prometheus", [
+            _binary("prometheus"), f"--config.file={path}", f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.prometheus}"])
+        self._wait_ready("prometheus", f"{self.urls['prometheus']}/-/ready")
+
+    def _spawn(self, name: str, argv: list[str]) -> None:
+        logfile = (self.workdir / f"{name}.log").open("wb")
+        self._procs.append(subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, cwd=self.workdir))
+
+    def _wait_ready(self, name: str, url: str, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for proc in self._procs:
+                if proc.poll() is not None:
+                    raise StackError(f"{name} exited with {proc.returncode}; see {self.workdir}/{name}.log")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise StackError(f"{name} was not ready at {url} within {timeout:g}s")
+
+    # --- looking at it -------------------------------------------------------------------------------
+
+    def alerts(self) -> list[dict[str, object]]:
+        """Alertmanager's active alerts."""
+        response = httpx.get(f"{self.urls['alertmanager']}/api/v2/alerts", timeout=5)
+        response.raise_for_status()
+        return response.json()
