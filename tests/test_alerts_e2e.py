@@ -1,0 +1,103 @@
+"""End to end on the live stack: a fault in the simulated job or GPUs -> the daemon -> Prometheus
+with the rules -> Alertmanager -> a webhook receiver run by the test; then the fault is removed and
+the resolution arrives the same way. Debian's prometheus and prometheus-alertmanager, on 127.0.0.1."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from exporter.demo.stack import WORKLOAD, Ports, Stack
+
+
+class Webhook:
+    """Collects Alertmanager's webhook notifications: (status, labels) per alert."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[str, dict[str, str]]] = []
+        self.changed = threading.Condition()
+        webhook = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with webhook.changed:
+                    webhook.received += [(a["status"], a["labels"]) for a in body["alerts"]]
+                    webhook.changed.notify_all()
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def wait(self, status: str, alertname: str, timeout: float = 120.0, **labels: str) -> dict[str, str]:
+        wanted = {"alertname": alertname, **labels}
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while True:
+                for got, alert in self.received:
+                    if got == status and wanted.items() <= alert.items():
+                        return alert
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    seen = sorted({(s, a["alertname"], a.get("rank", "")) for s, a in self.received})
+                    raise AssertionError(f"no {status} {wanted} within {timeout:g}s; received {seen}")
+                self.changed.wait(left)
+
+    def close(self) -> None:
+        self.server.shutdown()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
+    webhook = Webhook()
+    live = Stack(tmp_path, Ports.free(), gpus=4, ranks=4, webhook_url=webhook.url).start()
+    try:
+        yield live, webhook
+    finally:
+        live.stop()
+        webhook.close()
+
+
+def test_a_straggler_rank_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
+    live, webhook = stack
+    assert live.job is not None
+    live.job.set_straggler(2)
+    alert = webhook.wait("firing", "GoodputStraggler", workload=WORKLOAD, rank="2")
+    assert alert["severity"] == "critical"
+    assert not [a for s, a in webhook.received if a["alertname"] == "GoodputStraggler" and a["rank"] != "2"]
+    live.job.set_straggler(None)
+    webhook.wait("resolved", "GoodputStraggler", workload=WORKLOAD, rank="2")
+
+
+def test_a_skipped_collective_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
+    live, webhook = stack
+    assert live.job is not None
+    live.job.set_skipping(1)  # rank 1 never enqueues the next all_reduce; 0, 2 and 3 wait in it
+    missing = webhook.wait("firing", "GoodputCollectiveRankMissing", workload=WORKLOAD, rank="1", pg="0")
+    assert missing["op"] == "all_reduce" and int(missing["seq"]) > 0
+    hang = webhook.wait("firing", "GoodputCollectiveHang", workload=WORKLOAD, pg="0")
+    assert hang["rank"] in ("0", "2", "3")
+    live.job.set_skipping(None)
+    webhook.wait("resolved", "GoodputCollectiveRankMissing", workload=WORKLOAD, rank="1")
+    webhook.wait("resolved", "GoodputCollectiveHang", workload=WORKLOAD, rank=hang["rank"])
+
+
+def test_an_xid_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
+    live, webhook = stack
+    time.sleep(3)  # let Prometheus see the GPU without XIDs first
+    live.gpus.inject_xid(1, 79)
+    alert = webhook.wait("firing", "GoodputGPUXidCritical", gpu="1", xid="79")
+    assert alert["severity"] == "critical" and alert["uuid"]
+    # an XID is an event: the alert resolves once it is older than the window, with no new one
+    webhook.wait("resolved", "GoodputGPUXidCritical", gpu="1", xid="79")
