@@ -1,12 +1,14 @@
-# goodput-exporter: `make demo` runs the daemon on simulated GPUs, `make test` installs everything and
-# runs the suite, `make bench` writes bench/results.md.
+# goodput-exporter: `make demo` runs the live stack (daemon on simulated GPUs, a simulated training job,
+# Prometheus with the rules, Alertmanager), `make test` installs everything and runs the suite,
+# `make bench` writes bench/results.md.
 
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 DEMO_ADDRESS ?= 127.0.0.1:9445
-DEMO_SOCKET ?= /tmp/goodput-exporter-demo/ingest.sock
-DEMO_FLIGHT_DIR ?= /tmp/goodput-exporter-demo/flight
+DEMO_DIR ?= /tmp/goodput-exporter-demo
+# e.g. make demo DEMO_FAULTS=straggler,stall,skip,xid
+DEMO_FAULTS ?=
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick).
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
@@ -29,15 +31,9 @@ deps:
 	    --no-install-recommends $(APT_PACKAGES) >/dev/null; \
 	fi
 
-demo: venv
-	@echo "goodput-exporter with 8 simulated GPUs (Ctrl-C stops it):"
-	@echo "  metrics   http://$(DEMO_ADDRESS)/metrics"
-	@echo "  health    http://$(DEMO_ADDRESS)/healthz   ready: http://$(DEMO_ADDRESS)/readyz"
-	@echo "  training jobs report to unix:$(DEMO_SOCKET) (see README: Instrument your training loop)"
-	@echo "  flight-recorder dumps are read from $(DEMO_FLIGHT_DIR)/<workload>/nccl_trace_rank_<rank>"
-	@mkdir -p $(DEMO_FLIGHT_DIR)
-	$(BIN)/goodput-exporter serve --simulate 8 --web.listen-address $(DEMO_ADDRESS) \
-	  --ingest.socket-path $(DEMO_SOCKET) --flight.dir $(DEMO_FLIGHT_DIR)
+demo: deps venv
+	$(BIN)/goodput-exporter demo --exporter-address $(DEMO_ADDRESS) --workdir $(DEMO_DIR) \
+	  $(if $(DEMO_FAULTS),--faults $(DEMO_FAULTS))
 
 lint: venv
 	$(BIN)/ruff check exporter tests bench

@@ -18,7 +18,7 @@ from .sockets import bind
 
 log = logging.getLogger("exporter")
 
-COMMANDS = ("serve", "rules", "metrics-doc", "config-doc", "version")
+COMMANDS = ("serve", "demo", "rules", "metrics-doc", "config-doc", "version")
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -151,6 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     elif argv and argv[0] in ("-h", "--help"):
         print(f"usage: goodput-exporter [{'|'.join(COMMANDS)}] [flags]\n"
               "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags\n"
+              "  demo             the live stack on 127.0.0.1: daemon, simulated job, Prometheus, Alertmanager\n"
               "  rules            write the Prometheus rule files (rules/); `rules --help` for options\n"
               "  metrics-doc      print the metrics reference (docs/metrics.md)\n"
               "  config-doc       print the configuration reference (docs/configuration.md)\n"
@@ -161,6 +162,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if command == "rules":
         return rules_command(argv)
+    if command == "demo":
+        from .demo.console import main as demo_main
+
+        return demo_main(argv)
     if command == "metrics-doc":
         from .docs import metrics_markdown
 

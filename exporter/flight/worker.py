@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import marshal
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -64,6 +65,7 @@ def decode(payload: tuple[Any, ...]) -> Summary:
 
 def _serve(conn: Connection, limit: int) -> None:
     """The worker's loop: (prior, dump bytes) in; ("ok", summary) or ("rejected", reason, message) out."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is for the daemon; the worker ends with its pipe
     try:
         import resource
 

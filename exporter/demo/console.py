@@ -1,0 +1,142 @@
+"""`goodput-exporter demo`: the live stack in the foreground, printing alerts as they change."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from ..config import parse_listen_address
+from .stack import WORKLOAD, Ports, Stack, StackError
+
+FAULTS = ("straggler", "stall", "skip", "xid")
+
+
+def _inject(stack: Stack, fault: str) -> str:
+    job = stack.job
+    assert job is not None
+    if fault == "straggler":
+        job.set_straggler(stack.ranks - 1)
+        return f"rank {stack.ranks - 1} of {WORKLOAD} computes 3x slower (GoodputStraggler)"
+    if fault == "stall":
+        job.set_data_stall(True)
+        return f"every rank of {WORKLOAD} waits 10x longer for data (GoodputDrop)"
+    if fault == "skip":
+        job.set_skipping(1)
+        return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+    stack.gpus.inject_xid(0, 79)
+    return "GPU 0 falls off the bus: XID 79 (GoodputGPUXidCritical)"
+
+
+def _clear(stack: Stack, fault: str) -> str | None:
+    job = stack.job
+    assert job is not None
+    if fault == "straggler":
+        job.set_straggler(None)
+    elif fault == "stall":
+        job.set_data_stall(False)
+    elif fault == "skip":
+        job.set_skipping(None)
+    else:
+        return None  # an XID is an event: its alert resolves by itself
+    return f"{fault} cleared"
+
+
+def _describe(alert: dict) -> str:  # type: ignore[type-arg]
+    labels = alert["labels"]
+    where = " ".join(f"{k}={labels[k]}" for k in ("workload", "rank", "pg", "gpu", "xid", "source") if k in labels)
+    return f"{labels['alertname']} [{labels.get('severity', '?')}] {where}".rstrip()
+
+
+def watch(stack: Stack, stop: threading.Event, say: Callable[[str], None]) -> None:
+    """Print each alert as Alertmanager starts and stops holding it."""
+    active: dict[str, str] = {}
+    while not stop.wait(2.0):
+        try:
+            alerts = stack.alerts()
+        except Exception as exc:  # Alertmanager restarting or gone: say so, keep watching
+            say(f"  (cannot read Alertmanager's alerts: {exc.__class__.__name__})")
+            continue
+        now = {alert["fingerprint"]: _describe(alert) for alert in alerts}
+        for key in now.keys() - active.keys():
+            say(f"{time.strftime('%H:%M:%S')}  FIRING    {now[key]}")
+        for key in active.keys() - now.keys():
+            say(f"{time.strftime('%H:%M:%S')}  resolved  {active[key]}")
+        active = now
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="goodput-exporter demo",
+        description="Run the daemon on simulated GPUs with a simulated training job, Prometheus with the rules "
+                    "and Alertmanager on 127.0.0.1, and print alerts as they change. Ctrl-C stops everything.")
+    parser.add_argument("--exporter-address", default="127.0.0.1:9445", help="the daemon's address")
+    parser.add_argument("--prometheus-port", type=int, default=9090)
+    parser.add_argument("--alertmanager-port", type=int, default=9093)
+    parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of the simulated job (at most --gpus)")
+    parser.add_argument("--faults", default="",
+                        help=f"comma-separated, injected after --fault-after: {', '.join(FAULTS)}")
+    parser.add_argument("--fault-after", type=float, default=30.0, help="seconds before the first fault (default 30)")
+    parser.add_argument("--fault-seconds", type=float, default=60.0,
+                        help="each fault lasts this long, then the next one starts (default 60)")
+    parser.add_argument("--workdir", default="/tmp/goodput-exporter-demo",
+                        help="configs, data and logs of the stack; emptied first")
+    args = parser.parse_args(argv)
+    faults = [f for f in args.faults.split(",") if f]
+    unknown = sorted(set(faults) - set(FAULTS))
+    if unknown or not 1 <= args.ranks <= args.gpus:
+        parser.error(f"unknown faults {unknown} (known: {', '.join(FAULTS)})" if unknown
+                     else "need 1 <= ranks <= gpus")
+    host, port = parse_listen_address(args.exporter_address)
+    if host not in ("127.0.0.1", "localhost"):
+        parser.error("the demo stays on 127.0.0.1")
+    workdir = Path(args.workdir)
+    shutil.rmtree(workdir, ignore_errors=True)
+    ports = Ports(port, args.prometheus_port, args.alertmanager_port)
+    stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks)
+    try:
+        stack.start()
+    except StackError as exc:
+        print(f"goodput-exporter demo: {exc}", file=sys.stderr)
+        return 1
+    urls = stack.urls
+    print(f"""goodput-exporter demo: {args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks
+  metrics        {urls['exporter']}/metrics
+  prometheus     {urls['prometheus']}/alerts   (rules: {workdir}/rules, fast demo settings)
+  alertmanager   {urls['alertmanager']}/#/alerts
+  your own job   GOODPUT_INGEST_SOCKET_PATH={workdir}/ingest.sock ; flight dumps: {workdir}/flight/<workload>/
+  logs           {workdir}/*.log""", flush=True)
+    schedule: list[tuple[float, str, str]] = []  # (at, inject|clear, fault)
+    for i, fault in enumerate(faults):
+        at = args.fault_after + i * (args.fault_seconds + 15)
+        schedule += [(at, "inject", fault), (at + args.fault_seconds, "clear", fault)]
+    if faults:
+        print(f"faults one after another from {args.fault_after:g}s, {args.fault_seconds:g}s each: "
+              f"{', '.join(faults)}", flush=True)
+    else:
+        print(f"no faults injected: try --faults {','.join(FAULTS)}  (make demo DEMO_FAULTS=...)", flush=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    watcher = threading.Thread(target=watch, args=(stack, stop, lambda line: print(line, flush=True)), daemon=True)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        while not stop.wait(0.5):
+            while schedule and time.monotonic() - started >= schedule[0][0]:
+                _, action, fault = schedule.pop(0)
+                said = _inject(stack, fault) if action == "inject" else _clear(stack, fault)
+                if said:
+                    print(f"{time.strftime('%H:%M:%S')}  {action:<9} {said}", flush=True)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C: stop everything below
+    finally:
+        stop.set()
+        print("stopping the demo stack ...", flush=True)
+        stack.stop()
+    return 0
