@@ -1,0 +1,233 @@
+"""Rules at cluster scale: Prometheus's own evaluation time of our rule groups over a synthetic history
+of 10,000 GPUs (1,250 nodes) and 100 workloads x 64 ranks, and the series count per GPU of one daemon.
+
+The history is OpenMetrics written here, turned into TSDB blocks by `promtool tsdb create-blocks-from
+openmetrics`, and served by Debian's Prometheus with the rule files of rules/ (default settings). It
+spans 62 minutes at one sample a minute and ends about when Prometheus starts on it (a block reaching
+into the future would make Prometheus discard every rule result as out of bounds), so the 5m and 1h
+windows hold samples while the groups are measured, in the next few minutes. One sample a minute
+keeps the history to about 15 million samples on a 2-core machine; a 1h window at a 15 s scrape
+holds 4x as many samples, which the results table says next to the figures. Each group's
+`evaluationTime` is read from /api/v1/rules over several evaluations; the median and the worst are
+reported. Run alone with `python bench/rules_scale.py`.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / ".work" / "rules-scale"
+NODES = 1250
+GPUS_PER_NODE = 8
+WORKLOADS = 100
+RANKS = 64
+STEP = 60  # seconds between samples: a 1h window holds 60 (at a 15 s scrape it would hold 240)
+HISTORY = 62 * 60
+AHEAD = 60  # the history ends a minute after it is written: about when Prometheus starts on it
+EVALUATIONS = 4
+EVAL_INTERVAL = 10
+
+
+@dataclass
+class Result:
+    series: int
+    samples: int
+    groups: dict[str, tuple[float, float, int]]  # name -> (median s, worst s, rules)
+    per_gpu_series: float  # series with a gpu label, per GPU, of one daemon at default settings
+    per_gpu_total: float  # all series of that daemon, per GPU
+
+
+def _write_history(path: Path, now: int) -> tuple[int, int]:
+    """OpenMetrics text of the whole fleet; returns (series, samples)."""
+    start = now - HISTORY
+    times = list(range(start - start % STEP, now + AHEAD, STEP))
+    n = len(times)
+    series = 0
+    with path.open("w") as out:
+        def counter(name: str, labels: str, per_second: float) -> None:
+            nonlocal series
+            series += 1
+            out.writelines(f"{name}{{{labels}}} {round((t - times[0]) * per_second, 3)} {t}\n" for t in times)
+
+        def gauge(name: str, labels: str, value: float) -> None:
+            nonlocal series
+            series += 1
+            text = f" {value} "
+            out.writelines(f"{name}{{{labels}}}{text}{t}\n" for t in times)
+
+        for family, kind in (("goodput_gpu_idle_seconds", "counter"), ("goodput_gpu_sampled_seconds", "counter"),
+                             ("goodput_gpu_allocated", "gauge"), ("goodput_gpu_memory_used_bytes", "gauge"),
+                             ("goodput_gpu_memory_total_bytes", "gauge"), ("goodput_gpu_ecc_errors", "counter"),
+                             ("goodput_gpu_clock_throttle_seconds", "counter"), ("goodput_gpu_xid_errors", "counter"),
+                             ("up", "gauge"), ("goodput_exporter_source_up", "gauge"),
+                             ("goodput_phase_seconds", "counter"), ("goodput_steps", "counter"),
+                             ("goodput_tokens", "counter"), ("goodput_step_duration_seconds_sum", "gauge"),
+                             ("goodput_step_duration_seconds_count", "gauge"),
+                             ("goodput_collective_last_seq", "gauge"),
+                             ("goodput_collective_oldest_inflight_seconds", "gauge"),
+                             ("goodput_flight_recorder_dump_timestamp_seconds", "gauge")):
+            out.write(f"# TYPE {family} {kind}\n")
+            for node in range(NODES):
+                inst = f'instance="node{node}:9445",job="goodput-exporter"'
+                if family == "up":
+                    gauge("up", inst, 1)
+                elif family == "goodput_exporter_source_up":
+                    for source in ("nvml", "host", "ingest", "flight"):
+                        gauge(family, f'{inst},source="{source}"', 1)
+                elif family.startswith("goodput_gpu_"):
+                    for gpu in range(GPUS_PER_NODE):
+                        labels = f'{inst},gpu="{gpu}",uuid="GPU-{node:04d}-{gpu}"'
+                        busy = 0.5 + 0.4 * ((node * 8 + gpu) % 10) / 10
+                        if family == "goodput_gpu_idle_seconds":
+                            counter(f"{family}_total", labels, 1 - busy)
+                        elif family == "goodput_gpu_sampled_seconds":
+                            counter(f"{family}_total", labels, 1)
+                        elif family == "goodput_gpu_allocated":
+                            gauge(family, labels, 1 if (node + gpu) % 5 else 0)
+                        elif family == "goodput_gpu_memory_used_bytes":
+                            gauge(family, labels, 40 * 2**30)
+                        elif family == "goodput_gpu_memory_total_bytes":
+                            gauge(family, labels, 80 * 2**30)
+                        elif family == "goodput_gpu_ecc_errors":
+                            for kind in ("corrected", "uncorrected"):
+                                counter(f"{family}_total", f'{labels},error_type="{kind}"', 0)
+                        elif family == "goodput_gpu_clock_throttle_seconds":
+                            for reason in ("power", "thermal", "sync_boost", "board_limit", "low_utilization",
+                                           "reliability"):
+                                counter(f"{family}_total", f'{labels},reason="{reason}"', 0.01)
+                        elif family == "goodput_gpu_xid_errors" and gpu == 0 and node % 100 == 0:
+                            counter(f"{family}_total", f'{labels},xid="79"', 0)
+            if not family.startswith(("goodput_phase", "goodput_steps", "goodput_tokens", "goodput_step_",
+                                      "goodput_collective", "goodput_flight")):
+                continue
+            for workload in range(WORKLOADS):
+                for rank in range(RANKS):
+                    node = (workload * RANKS + rank) // GPUS_PER_NODE % NODES
+                    labels = f'instance="node{node}:9445",job="goodput-exporter",workload="job{workload}",rank="{rank}"'
+                    if family == "goodput_phase_seconds":
+                        for phase, share in (("compute", 0.7), ("data_wait", 0.1), ("comm_wait", 0.15),
+                                             ("checkpoint", 0.05), ("startup", 0), ("other", 0)):
+                            counter(f"{family}_total", f'{labels},phase="{phase}"', share)
+                    elif family == "goodput_steps":
+                        counter(f"{family}_total", labels, 2)
+                    elif family == "goodput_tokens":
+                        counter(f"{family}_total", labels, 8192)
+                    elif family == "goodput_step_duration_seconds_sum":
+                        counter(family, labels, 1)
+                    elif family == "goodput_step_duration_seconds_count":
+                        counter(family, labels, 2)
+                    elif family == "goodput_collective_last_seq":
+                        for state in ("enqueued", "completed"):
+                            gauge(family, f'{labels},pg="0",state="{state}"', 1000)
+                    elif family == "goodput_collective_oldest_inflight_seconds":
+                        gauge(family, f'{labels},pg="0"', 0.01)
+                    else:
+                        gauge(family, labels, now)
+        out.write("# EOF\n")
+    return series, series * n
+
+
+def _get(port: int, path: str) -> dict:  # type: ignore[type-arg]
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", path)
+    return json.loads(conn.getresponse().read())
+
+
+def _per_gpu_series() -> tuple[float, float]:
+    """Series of one daemon with 8 simulated GPUs at default settings."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--simulate", "8",
+                             "--web.listen-address", f"127.0.0.1:{port}", "--ingest.enabled", "false"],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+                conn.request("GET", "/readyz")
+                if conn.getresponse().status == 200:
+                    break
+            except OSError:
+                pass
+            time.sleep(0.2)
+        time.sleep(2)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/metrics")
+        lines = [line for line in conn.getresponse().read().decode().splitlines() if line and line[0] != "#"]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    return sum('gpu="' in line for line in lines) / 8, len(lines) / 8
+
+
+def run() -> Result:
+    shutil.rmtree(WORK, ignore_errors=True)
+    WORK.mkdir(parents=True)
+    now = int(time.time())
+    series, samples = _write_history(WORK / "history.om", now)
+    print(f"rules scale: {series:,} series, {samples:,} samples written", flush=True)
+    subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", str(WORK / "history.om"),
+                    str(WORK / "data")], check=True, stdout=subprocess.DEVNULL)
+    (WORK / "history.om").unlink()
+    end = now + AHEAD
+    if time.time() < end + 2:  # rule results must land after the last block
+        time.sleep(end + 2 - time.time())
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    rules = sorted(str(p) for p in (ROOT / "rules").glob("*.rules.yml"))
+    (WORK / "prometheus.yml").write_text(
+        f"global: {{evaluation_interval: {EVAL_INTERVAL}s}}\nrule_files: {json.dumps(rules)}\n")
+    proc = subprocess.Popen(["prometheus", f"--config.file={WORK / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={WORK / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                             "--storage.tsdb.retention.time=30d"],
+                            stdout=(WORK / "prometheus.log").open("wb"), stderr=subprocess.STDOUT)
+    durations: dict[str, list[float]] = {}
+    sizes: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 600
+        seen: dict[str, str] = {}
+        while time.monotonic() < deadline and min((len(v) for v in durations.values()), default=0) < EVALUATIONS:
+            time.sleep(2)
+            try:
+                groups = _get(port, "/api/v1/rules")["data"]["groups"]
+            except (OSError, KeyError, ValueError):
+                continue
+            for group in groups:
+                name, last = group["name"], group.get("lastEvaluation", "")
+                if last and not last.startswith("0001") and seen.get(name) != last:
+                    seen[name] = last
+                    durations.setdefault(name, []).append(group["evaluationTime"])
+                    sizes[name] = len(group["rules"])
+        for rule, expected in (("gpu:goodput_gpu_idle_ratio:rate1h", NODES * GPUS_PER_NODE),
+                               ("node:goodput_gpu_idle_ratio:rate5m", NODES),
+                               ("workload_rank:goodput_straggler_ratio:rate5m", WORKLOADS * RANKS)):
+            check = _get(port, f"/api/v1/query?query=count({rule})")["data"]["result"]
+            assert check and float(check[0]["value"][1]) == expected, (rule, check)
+        if "out of bounds" in (WORK / "prometheus.log").read_text():
+            raise RuntimeError("Prometheus discarded rule results as out of bounds")
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    per_gpu, per_gpu_total = _per_gpu_series()
+    return Result(series, samples, {name: (statistics.median(v), max(v), sizes[name])
+                                    for name, v in sorted(durations.items())}, per_gpu, per_gpu_total)
+
+
+if __name__ == "__main__":
+    r = run()
+    for name, (median, worst, count) in r.groups.items():
+        print(f"{name}: {count} rules, median {median * 1000:.0f} ms, worst {worst * 1000:.0f} ms")
+    print(f"series per GPU: {r.per_gpu_series:.1f} with a gpu label, {r.per_gpu_total:.1f} in all")
