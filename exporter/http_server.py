@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+import threading
 
 import uvicorn
 
@@ -23,3 +25,21 @@ class QuietServer(uvicorn.Server):
             counter = (counter + 10) % 864_000  # on_tick refreshes the Date header when counter % 10 == 0
             await asyncio.sleep(TICK_SECONDS)
             should_exit = await self.on_tick(counter)
+
+
+class ServerThread:
+    """A QuietServer serving `app` on already-bound sockets from a background thread."""
+
+    def __init__(self, app: object, sockets: list[socket.socket], name: str) -> None:
+        self.server = QuietServer(uvicorn.Config(
+            app, log_config=None, access_log=False, lifespan="off", http="httptools"))  # type: ignore[arg-type]
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, name=name,
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.server.should_exit = True
+        if self._thread.is_alive():
+            self._thread.join(timeout)

@@ -13,18 +13,17 @@ import os
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import uvicorn
 import yaml
 
 from ..config import load
 from ..daemon import Daemon
 from ..gpu.simulated import SimulatedGpus
+from ..http_server import ServerThread
 from ..rules.render import rule_files
 from ..rules.settings import RulesSettings
 from ..sockets import bind
@@ -82,8 +81,7 @@ class Stack:
         self.gpus = SimulatedGpus(gpus)
         self.job: SimulatedJob | None = None
         self.daemon: Daemon | None = None
-        self._server: uvicorn.Server | None = None
-        self._server_thread: threading.Thread | None = None
+        self._server: ServerThread | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
 
     @property
@@ -121,9 +119,7 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
         if self._server is not None:
-            self._server.should_exit = True
-        if self._server_thread is not None:
-            self._server_thread.join(5)
+            self._server.stop()
         if self.daemon is not None:
             self.daemon.stop()
 
@@ -137,11 +133,8 @@ class Stack:
         sock = bind(config.web.listen_address)
         self.daemon = Daemon(config, backend=self.gpus)
         self.daemon.start()
-        self._server = uvicorn.Server(uvicorn.Config(
-            create_app(self.daemon), log_config=None, access_log=False, lifespan="off", http="httptools"))
-        self._server_thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                               name="demo-http", daemon=True)
-        self._server_thread.start()
+        self._server = ServerThread(create_app(self.daemon), [sock], "demo-http")
+        self._server.start()
         self._wait_ready("exporter", f"{self.urls['exporter']}/readyz")
 
     def _start_alertmanager(self) -> None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import logging
 import socket
-import threading
 from pathlib import Path
 
-import uvicorn
-
 from ..config import ConfigError, IngestConfig
-from ..http_server import QuietServer
+from ..http_server import ServerThread
 from ..sockets import bind, unix_socket
 from .app import create_ingest_app
 from .state import IngestState
@@ -35,8 +32,7 @@ class IngestServer:
         self.config = config
         self.state = state
         self.token = read_token(config.token_file)
-        self._server: QuietServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: ServerThread | None = None
         self._sockets: list[socket.socket] = []
 
     def start(self) -> None:
@@ -49,19 +45,14 @@ class IngestServer:
             self._sockets.append(bind(self.config.listen_address))
         app = create_ingest_app(self.state, self.token, self.config.max_body_bytes,
                                 self.config.max_batch_events)
-        self._server = QuietServer(uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", http="httptools"))
-        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": self._sockets},
-                                        name="ingest-http", daemon=True)
-        self._thread.start()
+        self._server = ServerThread(app, self._sockets, "ingest-http")
+        self._server.start()
         log.info("ingest: accepting events on unix:%s%s", self.config.socket_path,
                  f" and http://{self.config.listen_address}" if self.config.listen_address else "")
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.should_exit = True
-        if self._thread is not None:
-            self._thread.join(5)
+            self._server.stop()
         for sock in self._sockets:
             sock.close()
         if self._sockets:
