@@ -283,19 +283,18 @@ class FlightSource:
         if self._failed.get(item.path) == item.key:
             return  # this version was rejected already, and counted
         try:
-            try:
-                summary = self._read(item, state.prior if state is not None else Prior())
-            except Rejected:
-                raise
-            except Exception as exc:  # whatever a file provokes, it is a bad file, not a broken source
-                log.debug("flight: reading %s failed", item.path, exc_info=exc)
-                raise Rejected("corrupt", f"reading it failed ({exc.__class__.__name__})") from None
-        except Rejected as exc:
-            if exc.reason in MAYBE_PARTIAL and now - item.st.st_mtime < PARTIAL_WRITE_GRACE:
+            summary = self._read(item, state.prior if state is not None else Prior())
+        except Exception as error:  # whatever a file provokes, it is a bad file, not a broken source
+            if isinstance(error, Rejected):
+                rejected = error
+            else:
+                log.debug("flight: reading %s failed", item.path, exc_info=error)
+                rejected = Rejected("corrupt", f"reading it failed ({error.__class__.__name__})")
+            if rejected.reason in MAYBE_PARTIAL and now - item.st.st_mtime < PARTIAL_WRITE_GRACE:
                 return  # probably still being written: try again next pass, count nothing yet
             self._failed[item.path] = item.key
-            self.rejected[exc.reason] += 1
-            report.reject(item.path, exc.reason, str(exc))
+            self.rejected[rejected.reason] += 1
+            report.reject(item.path, rejected.reason, str(rejected))
             return
         if state is None:  # keyed by rank, not path: a rank whose file is renamed keeps its counters
             state = self._states[slot] = _RankState(item.workload, item.rank)
