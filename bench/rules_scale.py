@@ -33,7 +33,7 @@ WORKLOADS = 100
 RANKS = 64
 STEP = 60  # seconds between samples: a 1h window holds 60 (at a 15 s scrape it would hold 240)
 HISTORY = 62 * 60
-AHEAD = 60  # the history ends a minute after it is written: about when Prometheus starts on it
+AHEAD = 240  # the history ends this long after it is started: writing and converting it takes 2-3 minutes
 EVALUATIONS = 12  # the first few read cold blocks from disk: reported apart from the rest
 COLD = 4
 EVAL_INTERVAL = 10
@@ -44,6 +44,7 @@ class Result:
     series: int
     samples: int
     groups: dict[str, tuple[float, float, float, int]]  # name -> (first s, steady median s, steady worst s, rules)
+    rules: dict[str, float]  # rule name -> steady median evaluation time, s
     per_gpu_series: float  # series with a gpu label, per GPU, of one daemon at default settings
     per_gpu_total: float  # all series of that daemon, per GPU
 
@@ -183,6 +184,8 @@ def run() -> Result:
                     str(WORK / "data")], check=True, stdout=subprocess.DEVNULL)
     (WORK / "history.om").unlink()
     end = now + AHEAD
+    if time.time() > end + 30:  # a 5m window holds 5 samples: it must not start emptying while measured
+        raise RuntimeError(f"writing the history took {time.time() - now:.0f} s, past its end: raise AHEAD")
     if time.time() < end + 2:  # rule results must land after the last block
         time.sleep(end + 2 - time.time())
     with socket.socket() as sock:
@@ -196,6 +199,7 @@ def run() -> Result:
                              "--storage.tsdb.retention.time=30d"],
                             stdout=(WORK / "prometheus.log").open("wb"), stderr=subprocess.STDOUT)
     durations: dict[str, list[float]] = {}
+    rule_times: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
     try:
         deadline = time.monotonic() + 600
@@ -212,6 +216,9 @@ def run() -> Result:
                     seen[name] = last
                     durations.setdefault(name, []).append(group["evaluationTime"])
                     sizes[name] = len(group["rules"])
+                    if len(durations[name]) > COLD:
+                        for rule in group["rules"]:
+                            rule_times.setdefault(rule["name"], []).append(rule["evaluationTime"])
         for rule, expected in (("gpu:goodput_gpu_idle_ratio:rate1h", NODES * GPUS_PER_NODE),
                                ("node:goodput_gpu_idle_ratio:rate5m", NODES),
                                ("workload_rank:goodput_straggler_ratio:rate5m", WORKLOADS * RANKS)):
@@ -224,7 +231,8 @@ def run() -> Result:
         proc.wait(30)
     per_gpu, per_gpu_total = _per_gpu_series()
     return Result(series, samples, {name: (v[0], statistics.median(v[COLD:]), max(v[COLD:]), sizes[name])
-                                    for name, v in sorted(durations.items())}, per_gpu, per_gpu_total)
+                                    for name, v in sorted(durations.items())},
+                  {name: statistics.median(v) for name, v in rule_times.items()}, per_gpu, per_gpu_total)
 
 
 if __name__ == "__main__":
@@ -232,4 +240,6 @@ if __name__ == "__main__":
     for name, (first, median, worst, count) in r.groups.items():
         print(f"{name}: {count} rules, first {first * 1000:.0f} ms, then median {median * 1000:.0f} ms, "
               f"worst {worst * 1000:.0f} ms")
+    for name, median in sorted(r.rules.items(), key=lambda item: -item[1])[:15]:
+        print(f"  {median * 1000:7.0f} ms  {name}")
     print(f"series per GPU: {r.per_gpu_series:.1f} with a gpu label, {r.per_gpu_total:.1f} in all")
