@@ -252,6 +252,10 @@ class SimulatedGpus:
     def truth_busy_fraction(self, index: int, t0: float, t1: float) -> float:
         return 1.0 - self.truth_idle_seconds(index, t0, t1) / (t1 - t0)
 
+    def now(self) -> float:
+        """The simulator's clock (a manual one in tests)."""
+        return self._clock()
+
     def truth_activity(self, index: int, t0: float, t1: float) -> dict[str, float]:
         """Exact DCGM-style profiling ratios of GPU `index` averaged over [t0, t1] (sim-clock times),
         plus pcie_tx/pcie_rx/nvlink_tx/nvlink_rx in bytes per second."""
