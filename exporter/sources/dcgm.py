@@ -208,7 +208,8 @@ class DcgmSource:
         if not known and readings and not self._own_ids_logged:
             self._own_ids_logged = True
             log.info("dcgm: NVML has identified no GPU (yet); labelling GPUs by DCGM's own GPU ids")
-        for uuid, (own_id, values) in sorted(readings.items(), key=lambda item: item[1][0]):
+        rows: list[tuple[str, str, dict[int, float]]] = []
+        for uuid, (own_id, values) in readings.items():
             index = known.get(uuid) if known else (own_id or None)
             if index is None:
                 batch.errors.append("dcgm_unknown_gpu")
@@ -217,11 +218,13 @@ class DcgmSource:
                     log.warning("dcgm: GPU %s (DCGM id %s) is not one of this node's GPUs as NVML sees them; "
                                 "its series are left out", uuid, own_id)
                 continue
-            labels = (index, uuid)
+            rows.append((index, uuid, values))
+        rows.sort(key=lambda row: (len(row[0]), row[0]))  # by index, numerically
+        for index, uuid, values in rows:
             for field_id, value in sorted(values.items()):
                 metric = METRICS.get(field_id)
                 if metric is not None:
-                    batch.add(metric, labels, value)
+                    batch.add(metric, (index, uuid), value)
         seen = set(readings)
         for uuid in sorted(self._seen - seen):
             log.warning("dcgm: GPU %s is no longer reported; its series are withdrawn", uuid)
