@@ -64,13 +64,13 @@ def load_bindings(directory: Path) -> dict[str, ModuleType]:
 def _translated(fn: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(fn)
     def wrapper(self: DcgmBindings, *args: Any, **kwargs: Any) -> T:
-        structs = self._modules.get("dcgm_structs")
-        error_class = getattr(structs, "DCGMError", None) if structs is not None else None
         try:
             return fn(self, *args, **kwargs)
         except DcgmError:
             raise
         except Exception as exc:
+            # looked up after the call: the first connect() is what imports the bindings
+            error_class = getattr(self._modules.get("dcgm_structs"), "DCGMError", None)
             if error_class is not None and isinstance(exc, error_class):
                 raise DcgmError(int(getattr(exc, "value", GENERIC_ERROR)), str(exc)) from None
             raise
