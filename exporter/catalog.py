@@ -21,7 +21,7 @@ class Kind(StrEnum):
 class Metric:
     name: str
     kind: Kind
-    unit: str  # base unit as in the name suffix ("seconds", "bytes", ...) or "" for none / ratio
+    unit: str  # unit as in the name suffix ("seconds", "bytes", "bytes_per_second", ...) or "" for none
     help: str
     labels: tuple[str, ...]
     source: str
@@ -135,6 +135,58 @@ MIG_MEMORY_USED = _m(
 MIG_MEMORY_TOTAL = _m(
     "goodput_gpu_mig_memory_total_bytes", Kind.GAUGE, "bytes", "Memory of the MIG instance.",
     (*GPU, "mig_uuid"), "nvml")
+
+# --- dcgm: what the kernels do (DCGM profiling fields) ------------------------------------------
+_DCGM = ("Read from DCGM's profiling field {field} (through DCGM's Python bindings, or from a "
+         "dcgm-exporter on the node); averaged by DCGM over its sampling period (dcgm.interval).")
+GPU_SM_ACTIVE = _m(
+    "goodput_gpu_sm_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles in which an SM had at least one warp resident, averaged over all SMs (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_SM_ACTIVE"), GPU, "dcgm")
+GPU_SM_OCCUPANCY = _m(
+    "goodput_gpu_sm_occupancy_ratio", Kind.GAUGE, "ratio",
+    "Warps resident on the SMs as a share of the most they can hold, averaged over all SMs (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_SM_OCCUPANCY"), GPU, "dcgm")
+GPU_TENSOR_ACTIVE = _m(
+    "goodput_gpu_tensor_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the tensor (HMMA/IMMA) pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), GPU, "dcgm")
+GPU_DRAM_ACTIVE = _m(
+    "goodput_gpu_dram_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the device memory interface was sending or receiving data (0-1); near 1 means "
+    "memory-bound. " + _DCGM.format(field="DCGM_FI_PROF_DRAM_ACTIVE"), GPU, "dcgm")
+GPU_FP16_ACTIVE = _m(
+    "goodput_gpu_fp16_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP16 pipes were active, tensor pipes not included (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP16_ACTIVE"), GPU, "dcgm")
+GPU_FP32_ACTIVE = _m(
+    "goodput_gpu_fp32_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP32 pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP32_ACTIVE"), GPU, "dcgm")
+GPU_FP64_ACTIVE = _m(
+    "goodput_gpu_fp64_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP64 pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP64_ACTIVE"), GPU, "dcgm")
+_DCGM_RATE = ("A rate DCGM measures, averaged over its sampling period; a gauge, not a counter, "
+              "because only the latest average is seen. Where NVML gives the byte counter "
+              "{counter}, prefer rate() of it: it misses nothing between samples.")
+GPU_DCGM_PCIE_TX = _m(
+    "goodput_gpu_pcie_transmit_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU sent over PCIe, protocol headers included (DCGM_FI_PROF_PCIE_TX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_pcie_transmit_bytes_total"), GPU, "dcgm")
+GPU_DCGM_PCIE_RX = _m(
+    "goodput_gpu_pcie_receive_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU received over PCIe, protocol headers included "
+    "(DCGM_FI_PROF_PCIE_RX_BYTES). " + _DCGM_RATE.format(counter="goodput_gpu_pcie_receive_bytes_total"),
+    GPU, "dcgm")
+GPU_DCGM_NVLINK_TX = _m(
+    "goodput_gpu_nvlink_transmit_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU sent over all its NVLinks together (DCGM_FI_PROF_NVLINK_TX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_transmit_bytes_total (per link)"), GPU, "dcgm")
+GPU_DCGM_NVLINK_RX = _m(
+    "goodput_gpu_nvlink_receive_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU received over all its NVLinks together (DCGM_FI_PROF_NVLINK_RX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_receive_bytes_total (per link)"), GPU, "dcgm")
 
 # --- host: what the host does to feed the GPUs ----------------------------------------------------
 PROC = ("pid", "command")
@@ -283,7 +335,7 @@ BUILD_INFO = _m(
     "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
     ("version", "python_version", "gpu_backend"), "exporter")
 
-SOURCES_ORDER = ("nvml", "host", "ingest", "flight", "exporter")
+SOURCES_ORDER = ("nvml", "dcgm", "host", "ingest", "flight", "exporter")
 
 
 def metrics_for(source: str) -> list[Metric]:

@@ -13,13 +13,16 @@ from prometheus_client.openmetrics.exposition import generate_latest as om_lates
 from . import __version__
 from . import catalog as c
 from .config import Config
+from .dcgm.api import DcgmBackend
 from .exposition import OPENMETRICS, Batch
 from .gpu.api import GpuBackend
+from .gpu_inventory import GpuInventory
 from .gpu_processes import GpuProcessTable
 from .ingest.listener import IngestServer
 from .ingest.state import IngestSource, IngestState
 from .runner import SourceRunner
 from .sources.base import Source
+from .sources.dcgm import DcgmSource
 from .sources.flight import FlightSource
 from .sources.host import HostSource
 from .sources.nvml import NvmlSource
@@ -41,6 +44,19 @@ def make_backend(config: Config) -> GpuBackend:
     return NvmlLibrary()
 
 
+def make_dcgm_backend(config: Config, gpus: GpuBackend) -> DcgmBackend:
+    """DCGM's own bindings, or the simulated DCGM over simulated GPUs (a peer, chosen here only)."""
+    from .gpu.simulated import SimulatedGpus
+
+    if isinstance(gpus, SimulatedGpus):
+        from .dcgm.simulated import SimulatedDcgm
+
+        return SimulatedDcgm(gpus)
+    from .dcgm.bindings import DcgmBindings
+
+    return DcgmBindings(config.dcgm.bindings_path, config.dcgm.hostengine)
+
+
 def _process_metrics() -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     ProcessCollector(registry=registry)
@@ -50,10 +66,13 @@ def _process_metrics() -> CollectorRegistry:
 class Daemon:
     """Everything but the HTTP server. `start()` launches the sources; `stop()` ends them."""
 
-    def __init__(self, config: Config, backend: GpuBackend | None = None) -> None:
+    def __init__(self, config: Config, backend: GpuBackend | None = None,
+                 dcgm_backend: DcgmBackend | None = None) -> None:
         self.config = config
         self.backend = backend if backend is not None else make_backend(config)
+        self.dcgm_backend = dcgm_backend
         self.gpu_processes = GpuProcessTable()
+        self.gpu_inventory = GpuInventory()
         self._process_registry = _process_metrics()
         self.store = Store(extra=self._render_process_metrics)
         self.ingest_state: IngestState | None = None
@@ -79,7 +98,12 @@ class Daemon:
 
     def _make_source(self, name: str) -> Source:
         if name == "nvml":
-            return NvmlSource(self.backend, self.gpu_processes)
+            return NvmlSource(self.backend, self.gpu_processes, inventory=self.gpu_inventory)
+        if name == "dcgm":
+            dcgm = self.config.dcgm
+            if dcgm.mode == "bindings" and self.dcgm_backend is None:
+                self.dcgm_backend = make_dcgm_backend(self.config, self.backend)
+            return DcgmSource(dcgm, self.dcgm_backend, self.gpu_inventory)
         if name == "host":
             return HostSource(self.gpu_processes, proc_path=self.config.host.proc_path)
         if name == "ingest" and self.ingest_source is not None:

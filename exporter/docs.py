@@ -7,6 +7,7 @@ from .config import Config, env_name, flag_name, format_duration, settable_keys
 
 SOURCE_TITLES = {
     "nvml": "GPU (source `nvml`)",
+    "dcgm": "Kernels: SM, tensor, DRAM activity (source `dcgm`, from DCGM or a dcgm-exporter)",
     "host": "Host feeding the GPUs (source `host`)",
     "ingest": "Training jobs (source `ingest`, from `POST /v1/events`)",
     "flight": "Collectives (source `flight`, from PyTorch flight-recorder dumps)",

@@ -99,11 +99,11 @@ class LiveServer:
 
 
 @contextmanager
-def live_server(config: Config, backend=None) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
+def live_server(config: Config, backend=None, dcgm_backend=None) -> Iterator[LiveServer]:  # type: ignore[no-untyped-def]
     """The daemon with a real uvicorn server on a loopback port, in this process."""
     sock = bind("127.0.0.1:0")
     port = sock.getsockname()[1]
-    daemon = Daemon(config, backend=backend)
+    daemon = Daemon(config, backend=backend, dcgm_backend=dcgm_backend)
     daemon.start()
     server = uvicorn.Server(uvicorn.Config(
         create_app(daemon), log_config=None, access_log=False, lifespan="off", http="httptools"))

@@ -11,7 +11,7 @@ from conftest import ROOT
 from exporter.catalog import CATALOG, Kind
 from exporter.docs import config_markdown, metrics_markdown
 
-UNITS = ("seconds", "bytes", "watts", "joules", "celsius", "hertz", "ratio")
+UNITS = ("seconds", "bytes", "watts", "joules", "celsius", "hertz", "ratio", "bytes_per_second")
 
 
 def test_names_follow_prometheus_conventions() -> None:

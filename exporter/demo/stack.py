@@ -126,7 +126,7 @@ class Stack:
     def _start_daemon(self) -> None:
         config = load(None, {
             "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
-            "nvml": {"interval": "1s"}, "host": {"interval": "5s"},
+            "nvml": {"interval": "1s"}, "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock")},
             "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
         }, environ={})

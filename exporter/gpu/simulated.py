@@ -49,32 +49,66 @@ THROTTLE_POLICY = {"power": 0, "thermal": 1}
 MIG_PROFILES = {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80}
 
 
-class Pattern:
-    """A repeating sequence of (duration seconds, busy 0/1) segments with exact integrals."""
+# What the kernels do in each kind of segment, as DCGM's profiling fields would show it (0-1 ratios of
+# cycles; bytes per second for PCIe and NVLink). "compute": matmul-heavy forward/backward on tensor
+# cores; "memory": a memory-bound phase (optimizer update, elementwise kernels): DRAM busy, tensor
+# pipes nearly idle; "idle": nothing runs (data stall, checkpoint, gaps between steps).
+ACTIVITY: dict[str, dict[str, float]] = {
+    "compute": {"sm_active": 0.95, "sm_occupancy": 0.45, "tensor_active": 0.70, "dram_active": 0.35,
+                "fp16_active": 0.05, "fp32_active": 0.15, "fp64_active": 0.0},
+    "memory": {"sm_active": 0.85, "sm_occupancy": 0.60, "tensor_active": 0.02, "dram_active": 0.90,
+               "fp16_active": 0.02, "fp32_active": 0.20, "fp64_active": 0.0},
+    "idle": {"sm_active": 0.0, "sm_occupancy": 0.0, "tensor_active": 0.0, "dram_active": 0.0,
+             "fp16_active": 0.0, "fp32_active": 0.0, "fp64_active": 0.0},
+}
+ACTIVITY_FIELDS = tuple(ACTIVITY["idle"])
+# Traffic: a baseline plus a share proportional to busy time, the same as the NVML byte counters.
+PCIE_IDLE_BYTES_PER_SECOND = 2e6
+PCIE_TX_BUSY_BYTES_PER_SECOND = 1.5e9
+PCIE_RX_BUSY_BYTES_PER_SECOND = 3e9
+NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK = 10 * 2**30
+MEMORY_PHASE_SHARE = 0.2  # of each training step's compute: the optimizer update, memory-bound
 
-    def __init__(self, segments: list[tuple[float, int]]) -> None:
-        if not segments or any(d <= 0 for d, _ in segments):
+
+class Pattern:
+    """A repeating sequence of segments (duration seconds, busy 0/1[, kind]) with exact integrals.
+
+    `kind` names the segment's activity profile (ACTIVITY); busy segments default to "compute", idle
+    ones are always "idle".
+    """
+
+    def __init__(self, segments: list[tuple[float, int]] | list[tuple[float, int, str]]) -> None:
+        if not segments or any(d <= 0 for d, *_ in segments):
             raise ValueError("a pattern needs segments of positive duration")
         self.ends: list[float] = []
-        self.busy_at_end: list[float] = []
-        self.flags = [busy for _, busy in segments]
-        t = busy_total = 0.0
-        for duration, busy in segments:
+        self.kinds: list[str] = []
+        self._at_end: dict[str, list[float]] = {kind: [] for kind in ACTIVITY}
+        totals = dict.fromkeys(ACTIVITY, 0.0)
+        t = 0.0
+        for duration, busy, *rest in segments:
+            kind = (rest[0] if rest else "compute") if busy else "idle"
+            if kind not in ACTIVITY:
+                raise ValueError(f"unknown segment kind {kind!r}")
             t += duration
-            busy_total += duration if busy else 0.0
+            totals[kind] += duration
             self.ends.append(t)
-            self.busy_at_end.append(busy_total)
+            self.kinds.append(kind)
+            for name, running in self._at_end.items():
+                running.append(totals[name])
         self.period = t
-        self.busy_per_period = busy_total
+        self._per_period = totals
+        self.flags = [0 if kind == "idle" else 1 for kind in self.kinds]
+        self.busy_per_period = t - totals["idle"]
 
     @classmethod
-    def square(cls, busy: float, idle: float) -> Pattern:
-        return cls([(busy, 1), (idle, 0)])
+    def square(cls, busy: float, idle: float, kind: str = "compute") -> Pattern:
+        return cls([(busy, 1, kind), (idle, 0)])
 
     @classmethod
     def training(cls, rng: random.Random, length: float = 600.0) -> Pattern:
-        """Steps of compute with short gaps, periodic data stalls, a checkpoint pause."""
-        segments: list[tuple[float, int]] = []
+        """Steps of compute (the last MEMORY_PHASE_SHARE of each memory-bound) with short gaps,
+        periodic data stalls, a checkpoint pause."""
+        segments: list[tuple[float, int, str]] = []
         t = 0.0
         step = 0
         checkpoint_at = length * 0.5
@@ -82,34 +116,43 @@ class Pattern:
         while t < length:
             compute = rng.uniform(0.25, 0.35)
             gap = rng.uniform(0.01, 0.03)
-            segments += [(compute, 1), (gap, 0)]
+            segments += [(compute * (1 - MEMORY_PHASE_SHARE), 1, "compute"),
+                         (compute * MEMORY_PHASE_SHARE, 1, "memory"), (gap, 0, "idle")]
             t += compute + gap
             step += 1
             if step % 25 == 0:
                 stall = rng.uniform(0.3, 1.2)  # data loader could not keep up
-                segments.append((stall, 0))
+                segments.append((stall, 0, "idle"))
                 t += stall
             if not checkpointed and t >= checkpoint_at:
-                segments.append((8.0, 0))  # checkpoint save: GPU waits on storage
+                segments.append((8.0, 0, "idle"))  # checkpoint save: GPU waits on storage
                 t += 8.0
                 checkpointed = True
         return cls(segments)
 
-    def busy_until(self, t: float) -> float:
-        """Busy seconds in [0, t]."""
+    def seconds_until(self, t: float, kind: str) -> float:
+        """Seconds spent in segments of `kind` in [0, t]."""
         if t <= 0:
             return 0.0
         cycles, rest = divmod(t, self.period)
         i = bisect.bisect_right(self.ends, rest)
-        busy = cycles * self.busy_per_period
+        at_end = self._at_end[kind]
+        seconds = cycles * self._per_period[kind]
         if i > 0:
-            busy += self.busy_at_end[i - 1]
-        if i < len(self.ends) and self.flags[i]:
-            busy += rest - (self.ends[i - 1] if i > 0 else 0.0)
-        return busy
+            seconds += at_end[i - 1]
+        if i < len(self.ends) and self.kinds[i] == kind:
+            seconds += rest - (self.ends[i - 1] if i > 0 else 0.0)
+        return seconds
+
+    def busy_until(self, t: float) -> float:
+        """Busy seconds in [0, t]."""
+        return max(t, 0.0) - self.seconds_until(t, "idle")
 
     def busy_between(self, t0: float, t1: float) -> float:
         return self.busy_until(t1) - self.busy_until(t0)
+
+    def seconds_between(self, t0: float, t1: float, kind: str) -> float:
+        return self.seconds_until(t1, kind) - self.seconds_until(t0, kind)
 
 
 @dataclass
@@ -208,6 +251,30 @@ class SimulatedGpus:
 
     def truth_busy_fraction(self, index: int, t0: float, t1: float) -> float:
         return 1.0 - self.truth_idle_seconds(index, t0, t1) / (t1 - t0)
+
+    def now(self) -> float:
+        """The simulator's clock (a manual one in tests)."""
+        return self._clock()
+
+    def truth_activity(self, index: int, t0: float, t1: float) -> dict[str, float]:
+        """Exact DCGM-style profiling ratios of GPU `index` averaged over [t0, t1] (sim-clock times),
+        plus pcie_tx/pcie_rx/nvlink_tx/nvlink_rx in bytes per second."""
+        gpu = self._gpus[index]
+        p0, p1 = self._pattern_time(gpu, t0), self._pattern_time(gpu, t1)
+        span = t1 - t0
+        shares = {kind: gpu.pattern.seconds_between(p0, p1, kind) / span for kind in ACTIVITY}
+        out = {name: sum(shares[kind] * ACTIVITY[kind][name] for kind in ACTIVITY) for name in ACTIVITY_FIELDS}
+        busy = 1.0 - shares["idle"]
+        out["pcie_tx"] = PCIE_IDLE_BYTES_PER_SECOND + PCIE_TX_BUSY_BYTES_PER_SECOND * busy
+        out["pcie_rx"] = PCIE_IDLE_BYTES_PER_SECOND + PCIE_RX_BUSY_BYTES_PER_SECOND * busy
+        out["nvlink_tx"] = out["nvlink_rx"] = NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK * NVLINKS * busy
+        return out
+
+    def uuid(self, index: int) -> str:
+        return self._gpus[index].uuid
+
+    def is_lost(self, index: int) -> bool:
+        return self._gpus[index].lost
 
     def last_sample_time(self, now: float | None = None) -> float:
         """Sim-clock time of the newest utilization sample at `now`."""
@@ -425,11 +492,11 @@ class SimulatedGpus:
             elif field_id == FI_NVLINK_LINK_COUNT:
                 out.append(NVLINKS)
             elif field_id in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB) and scope < NVLINKS:
-                out.append(int(busy * 10 * 2**20 + scope))  # ~10 GiB/s per link while computing
+                out.append(int(busy * NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK / 1024 + scope))  # KiB
             elif field_id == FI_PCIE_TX_BYTES:
-                out.append(int(busy * 1.5e9 + elapsed * 2e6))
+                out.append(int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
             elif field_id == FI_PCIE_RX_BYTES:
-                out.append(int(busy * 3e9 + elapsed * 2e6))
+                out.append(int(busy * PCIE_RX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
             else:
                 out.append(None)
         return out

@@ -28,6 +28,7 @@ from ..gpu.api import (
     GpuBackend,
     GpuError,
 )
+from ..gpu_inventory import GpuInventory
 from ..gpu_processes import GpuHolder, GpuProcessTable
 from .base import SourceError
 
@@ -76,9 +77,11 @@ class NvmlSource:
         backend: GpuBackend,
         processes: GpuProcessTable | None = None,
         clock: Callable[[], float] = time.time,
+        inventory: GpuInventory | None = None,
     ) -> None:
         self.backend = backend
         self.processes = processes or GpuProcessTable()
+        self.inventory = inventory or GpuInventory()
         self._clock = clock
         self._gpus: list[_GpuState] | None = None
         self._driver = ""
@@ -134,6 +137,7 @@ class NvmlSource:
             raise
         gpu.labels = (str(gpu.index), uuid)
         gpu.info = (str(gpu.index), uuid, model, bus_id, self._driver)
+        self.inventory.record(uuid, str(gpu.index))
 
     def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
         """Call a per-GPU query. Unsupported: remembered, never asked again. Lost: raises _Lost.

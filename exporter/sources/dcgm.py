@@ -1,0 +1,235 @@
+"""The dcgm source: what the kernels do (SM, tensor, DRAM, FP pipes, PCIe/NVLink rates) from DCGM.
+
+Two ways in, chosen by `dcgm.mode`:
+
+- bindings: DCGM's own Python bindings (a `DcgmBackend`: the real ones, or the simulator). The source
+  connects to nv-hostengine (or starts the embedded engine), has DCGM watch the profiling fields at
+  `dcgm.interval`, and each collection reads the latest values DCGM's background sampler holds.
+- exporter: a dcgm-exporter already running on the node; each collection fetches its /metrics.
+
+Either way, GPUs are matched to NVML's by UUID, so every series carries the same `gpu` (NVML index)
+and `uuid` as the nvml source's. A GPU that NVML does not know is counted (reason
+dcgm_unknown_gpu) and left out; while NVML knows no GPU at all (disabled, or absent), DCGM's own GPU
+id is used as `gpu`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+import httpx
+
+from .. import catalog as c
+from ..config import DcgmConfig
+from ..dcgm import scrape
+from ..dcgm.api import (
+    CONNECTION_NOT_VALID,
+    FI_PROF_DRAM_ACTIVE,
+    FI_PROF_NVLINK_RX_BYTES,
+    FI_PROF_NVLINK_TX_BYTES,
+    FI_PROF_PCIE_RX_BYTES,
+    FI_PROF_PCIE_TX_BYTES,
+    FI_PROF_PIPE_FP16_ACTIVE,
+    FI_PROF_PIPE_FP32_ACTIVE,
+    FI_PROF_PIPE_FP64_ACTIVE,
+    FI_PROF_PIPE_TENSOR_ACTIVE,
+    FI_PROF_SM_ACTIVE,
+    FI_PROF_SM_OCCUPANCY,
+    PROFILING_FIELDS,
+    PROFILING_UNAVAILABLE,
+    DcgmBackend,
+    DcgmError,
+)
+from ..exposition import Batch
+from ..gpu_inventory import GpuInventory
+from .base import SourceError
+
+log = logging.getLogger(__name__)
+
+METRICS: dict[int, c.Metric] = {
+    FI_PROF_SM_ACTIVE: c.GPU_SM_ACTIVE,
+    FI_PROF_SM_OCCUPANCY: c.GPU_SM_OCCUPANCY,
+    FI_PROF_PIPE_TENSOR_ACTIVE: c.GPU_TENSOR_ACTIVE,
+    FI_PROF_DRAM_ACTIVE: c.GPU_DRAM_ACTIVE,
+    FI_PROF_PIPE_FP16_ACTIVE: c.GPU_FP16_ACTIVE,
+    FI_PROF_PIPE_FP32_ACTIVE: c.GPU_FP32_ACTIVE,
+    FI_PROF_PIPE_FP64_ACTIVE: c.GPU_FP64_ACTIVE,
+    FI_PROF_PCIE_TX_BYTES: c.GPU_DCGM_PCIE_TX,
+    FI_PROF_PCIE_RX_BYTES: c.GPU_DCGM_PCIE_RX,
+    FI_PROF_NVLINK_TX_BYTES: c.GPU_DCGM_NVLINK_TX,
+    FI_PROF_NVLINK_RX_BYTES: c.GPU_DCGM_NVLINK_RX,
+}
+PROFILING_RETRY_AFTER = 300.0  # seconds before asking again for fields DCGM said it cannot give
+EXPORTER_DEADLINE_SHARE = 0.8  # of dcgm.timeout: the source reports its own clear reason first
+
+# What one reader returns: UUID -> (the tool's own GPU id, {field id: value})
+Readings = dict[str, tuple[str, dict[int, float]]]
+
+
+class _BindingsReader:
+    """Keeps a connection to DCGM with the profiling fields watched; reconnects after a failure."""
+
+    def __init__(self, backend: DcgmBackend, config: DcgmConfig, clock: Callable[[], float]) -> None:
+        self.backend = backend
+        self.interval = config.interval
+        self.where = ("DCGM's embedded engine" if config.hostengine == "embedded"
+                      else f"nv-hostengine at {config.hostengine}")
+        self._clock = clock
+        self._uuids: dict[int, str] | None = None  # DCGM GPU id -> UUID while connected and watching
+        self._unavailable: tuple[float, SourceError] | None = None
+
+    def read(self, batch: Batch) -> Readings:
+        if self._uuids is None:
+            self._start()
+        assert self._uuids is not None
+        try:
+            latest = self.backend.latest()
+        except DcgmError as exc:
+            self._drop()
+            if exc.code == CONNECTION_NOT_VALID:
+                raise SourceError(exc.reason, f"lost the connection to {self.where} ({exc}); reconnecting at "
+                                  "the next collection") from None
+            raise SourceError(exc.reason, f"reading DCGM's latest values failed: {exc}") from None
+        out: Readings = {}
+        for gpu_id, values in latest.items():
+            uuid = self._uuids.get(gpu_id)
+            if uuid is None:
+                batch.errors.append("dcgm_unknown_gpu")
+                continue
+            out[uuid] = (str(gpu_id), values)
+        return out
+
+    def _start(self) -> None:
+        if self._unavailable is not None:
+            since, error = self._unavailable
+            if self._clock() - since < PROFILING_RETRY_AFTER:
+                raise error
+            self._unavailable = None
+        try:
+            self.backend.connect()
+        except DcgmError as exc:
+            self._drop()
+            if exc.code == CONNECTION_NOT_VALID:
+                raise SourceError(exc.reason, f"cannot connect to {self.where} ({exc}): is nv-hostengine "
+                                  "running (systemctl status nvidia-dcgm)? Or set dcgm.hostengine=embedded") from None
+            raise SourceError(exc.reason, f"starting DCGM failed: {exc}") from None
+        try:
+            uuids = {gpu.gpu_id: gpu.uuid for gpu in self.backend.gpus()}
+            self.backend.watch(PROFILING_FIELDS, self.interval)
+        except DcgmError as exc:
+            self._drop()
+            if exc.code in PROFILING_UNAVAILABLE:
+                error = SourceError(exc.reason, f"DCGM cannot watch the profiling fields ({exc}): they need a "
+                                    "data-center GPU (Volta or newer), a host engine running as root, and no "
+                                    "other profiler (Nsight) holding the counters; asking again in "
+                                    f"{PROFILING_RETRY_AFTER:g}s")
+                self._unavailable = (self._clock(), error)
+                raise error from None
+            raise SourceError(exc.reason, f"watching the profiling fields failed: {exc}") from None
+        log.info("dcgm: watching %d profiling fields of %d GPU(s) through %s, every %gs",
+                 len(PROFILING_FIELDS), len(uuids), self.where, self.interval)
+        self._uuids = uuids
+
+    def _drop(self) -> None:
+        self._uuids = None
+        with contextlib.suppress(DcgmError):
+            self.backend.disconnect()
+
+    def close(self) -> None:
+        self._drop()
+
+
+class _ExporterReader:
+    """Fetches a dcgm-exporter's /metrics once per collection."""
+
+    def __init__(self, config: DcgmConfig) -> None:
+        self.url = config.exporter_url
+        self.deadline = config.timeout * EXPORTER_DEADLINE_SHARE
+        self._client = httpx.Client(follow_redirects=False, trust_env=False)
+        self._logged: set[str] = set()
+
+    def read(self, batch: Batch) -> Readings:
+        try:
+            text = scrape.fetch(self._client, self.url, self.deadline)
+        except scrape.ScrapeError as exc:
+            raise SourceError(exc.reason, str(exc)) from None
+        reading = scrape.parse(text)
+        for reason, count in sorted(reading.rejected.items()):
+            batch.errors.extend([reason] * count)
+            self._once(reason, f"dcgm: rejected {count} series from {self.url} ({reason}), e.g.: "
+                       f"{reading.examples[reason]}")
+        if reading.mig_series:
+            self._once("mig", f"dcgm: {self.url} has {reading.mig_series} series of MIG instances; only "
+                       "whole GPUs are taken", level=logging.INFO)
+        if reading.taken == 0:
+            raise SourceError("dcgm_exporter_no_fields", f"{self.url} has no DCGM_FI_PROF_* series: enable "
+                              "the profiling fields in dcgm-exporter's counters file (-f)")
+        return {uuid: (reading.gpu_ids[uuid], values) for uuid, values in reading.values.items()}
+
+    def _once(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        if key not in self._logged:
+            self._logged.add(key)
+            log.log(level, "%s", message)
+
+    def close(self) -> None:
+        self._client.close()
+
+
+class DcgmSource:
+    name = "dcgm"
+
+    def __init__(
+        self,
+        config: DcgmConfig,
+        backend: DcgmBackend | None = None,
+        inventory: GpuInventory | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.mode = config.mode
+        self.inventory = inventory or GpuInventory()
+        self._reader: _BindingsReader | _ExporterReader
+        if config.mode == "exporter":
+            self._reader = _ExporterReader(config)
+        else:
+            if backend is None:
+                raise ValueError("dcgm.mode=bindings needs a DCGM backend")
+            self._reader = _BindingsReader(backend, config, clock)
+        self._unknown_logged: set[str] = set()
+        self._seen: set[str] = set()
+        self._own_ids_logged = False
+
+    def collect(self) -> Batch:
+        batch = Batch()
+        readings = self._reader.read(batch)
+        known = self.inventory.snapshot()
+        if not known and readings and not self._own_ids_logged:
+            self._own_ids_logged = True
+            log.info("dcgm: NVML has identified no GPU (yet); labelling GPUs by DCGM's own GPU ids")
+        rows: list[tuple[str, str, dict[int, float]]] = []
+        for uuid, (own_id, values) in readings.items():
+            index = known.get(uuid) if known else (own_id or None)
+            if index is None:
+                batch.errors.append("dcgm_unknown_gpu")
+                if uuid not in self._unknown_logged:
+                    self._unknown_logged.add(uuid)
+                    log.warning("dcgm: GPU %s (DCGM id %s) is not one of this node's GPUs as NVML sees them; "
+                                "its series are left out", uuid, own_id)
+                continue
+            rows.append((index, uuid, values))
+        rows.sort(key=lambda row: (len(row[0]), row[0]))  # by index, numerically
+        for index, uuid, values in rows:
+            for field_id, value in sorted(values.items()):
+                metric = METRICS.get(field_id)
+                if metric is not None:
+                    batch.add(metric, (index, uuid), value)
+        seen = set(readings)
+        for uuid in sorted(self._seen - seen):
+            log.warning("dcgm: GPU %s is no longer reported; its series are withdrawn", uuid)
+        self._seen = seen
+        return batch
+
+    def close(self) -> None:
+        self._reader.close()

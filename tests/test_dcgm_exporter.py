@@ -1,0 +1,176 @@
+"""The dcgm source reading a dcgm-exporter: a real HTTP server on loopback serving dcgm-exporter's
+text format, and the real daemon with its uvicorn server scraping both."""
+
+from __future__ import annotations
+
+import time
+
+from conftest import live_server, quick_config, series, value, wait_for
+from dcgm_exporter_server import ExporterGpu, dcgm_exporter
+
+from exporter.gpu.simulated import SimulatedGpus
+
+PROF = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9, "DCGM_FI_PROF_SM_ACTIVE": 0.8, "DCGM_FI_PROF_SM_OCCUPANCY": 0.4,
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.6, "DCGM_FI_PROF_DRAM_ACTIVE": 0.3, "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 0,
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 0.125, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 0.0625,
+    "DCGM_FI_PROF_PCIE_TX_BYTES": 123456789, "DCGM_FI_PROF_PCIE_RX_BYTES": 223456789,
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": 3.5e10, "DCGM_FI_PROF_NVLINK_RX_BYTES": 3.25e10,
+    "DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_GPU_UTIL": 100, "DCGM_FI_DEV_XID_ERRORS": 0,
+}
+OURS = {
+    "goodput_gpu_sm_active_ratio": "DCGM_FI_PROF_SM_ACTIVE",
+    "goodput_gpu_sm_occupancy_ratio": "DCGM_FI_PROF_SM_OCCUPANCY",
+    "goodput_gpu_tensor_active_ratio": "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "goodput_gpu_dram_active_ratio": "DCGM_FI_PROF_DRAM_ACTIVE",
+    "goodput_gpu_fp64_active_ratio": "DCGM_FI_PROF_PIPE_FP64_ACTIVE",
+    "goodput_gpu_fp32_active_ratio": "DCGM_FI_PROF_PIPE_FP32_ACTIVE",
+    "goodput_gpu_fp16_active_ratio": "DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+    "goodput_gpu_pcie_transmit_bytes_per_second": "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "goodput_gpu_pcie_receive_bytes_per_second": "DCGM_FI_PROF_PCIE_RX_BYTES",
+    "goodput_gpu_nvlink_transmit_bytes_per_second": "DCGM_FI_PROF_NVLINK_TX_BYTES",
+    "goodput_gpu_nvlink_receive_bytes_per_second": "DCGM_FI_PROF_NVLINK_RX_BYTES",
+}
+
+
+def config(url: str, **dcgm: object):  # type: ignore[no-untyped-def]
+    return quick_config(dcgm={"enabled": True, "mode": "exporter", "exporter_url": url, "interval": "100ms",
+                              "timeout": "1s", **dcgm})
+
+
+def errors(text: str, reason: str) -> float:
+    return value(text, "goodput_exporter_source_errors_total", source="dcgm", reason=reason) or 0
+
+
+def gpus_of(sim: SimulatedGpus, values: list[dict[str, float | str]]) -> list[ExporterGpu]:
+    """dcgm-exporter's view of the simulated GPUs, numbered in the opposite order to NVML's, so only
+    the UUID can match them."""
+    n = sim.count
+    return [ExporterGpu(str(n - 1 - i), sim.uuid(i), values[i]) for i in range(n)]
+
+
+def test_profiling_series_are_taken_matched_by_uuid_and_renamed() -> None:
+    sim = SimulatedGpus(2)
+    second = {**PROF, "DCGM_FI_PROF_SM_ACTIVE": 0.25, "DCGM_FI_PROF_DRAM_ACTIVE": 0.95}
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF, second]))
+        with live_server(config(exporter.url), backend=sim) as live:
+            text = live.metrics_when("goodput_exporter_source_up", 1, source="dcgm")
+            wait_for(lambda: value(live.metrics(), "goodput_gpu_sm_active_ratio", gpu="1") is not None)
+            text = live.metrics()
+            for i, served in enumerate((PROF, second)):
+                uuid = sim.uuid(i)
+                for ours, theirs in OURS.items():
+                    assert value(text, ours, gpu=str(i), uuid=uuid) == served[theirs], (ours, i)
+            # nothing else from dcgm-exporter leaks out under its own names or labels
+            body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+            assert "DCGM_FI" not in body and "modelName" not in body and "Hostname" not in body
+            assert len(series(text, "goodput_gpu_sm_active_ratio")) == 2
+            assert errors(text, "dcgm_unknown_gpu") == 0
+
+
+def test_gpu_disappearing_withdraws_only_its_series() -> None:
+    sim = SimulatedGpus(2)
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF, PROF]))
+        with live_server(config(exporter.url), backend=sim) as live:
+            wait_for(lambda: len(series(live.metrics(), "goodput_gpu_tensor_active_ratio")) == 2)
+            exporter.serve(gpus_of(sim, [PROF, PROF])[1:])  # GPU 0 (exporter gpu="1") is gone
+            wait_for(lambda: len(series(live.metrics(), "goodput_gpu_tensor_active_ratio")) == 1)
+            text = live.metrics()
+            assert [s["uuid"] for s in series(text, "goodput_gpu_tensor_active_ratio")] == [sim.uuid(1)]
+            assert value(text, "goodput_exporter_source_up", source="dcgm") == 1
+            exporter.serve(gpus_of(sim, [PROF, PROF]))  # and back
+            wait_for(lambda: len(series(live.metrics(), "goodput_gpu_tensor_active_ratio")) == 2)
+
+
+def test_garbage_lines_are_counted_and_the_rest_is_used() -> None:
+    sim = SimulatedGpus(2)
+    bad = {**PROF, "DCGM_FI_PROF_SM_ACTIVE": "abc", "DCGM_FI_PROF_DRAM_ACTIVE": 1.7,
+           "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": "NaN", "DCGM_FI_PROF_PCIE_TX_BYTES": -5}
+    uuid0 = sim.uuid(0)
+    garbage = "\n".join([
+        f'DCGM_FI_PROF_SM_OCCUPANCY{{gpu="1",UUID="{uuid0}"}} 0.5',  # a second series for one GPU
+        'DCGM_FI_PROF_SM_ACTIVE{gpu="9"} 0.5',  # no UUID
+        'DCGM_FI_PROF_SM_ACTIVE{gpu="1",UUID="GPU-x" 0.5',  # cut off
+        "DCGM_FI_PROF_SM_ACTIVE \x00\xff\xfe",
+        "\x00\x01 binary noise",
+        'DCGM_FI_PROF_SM_ACTIVE{gpu="7",UUID="GPU-not-on-this-node"} 0.5',
+    ]) + "\n"
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF, bad]), extra=garbage)
+        with live_server(config(exporter.url), backend=sim) as live:
+            wait_for(lambda: errors(live.metrics(), "dcgm_unknown_gpu") >= 2)
+            text = live.metrics()
+            assert value(text, "goodput_exporter_source_up", source="dcgm") == 1
+            # GPU 1's bad fields are absent, its good ones present; GPU 0 is whole
+            assert value(text, "goodput_gpu_sm_active_ratio", gpu="1") is None
+            assert value(text, "goodput_gpu_dram_active_ratio", gpu="1") is None
+            assert value(text, "goodput_gpu_tensor_active_ratio", gpu="1") is None
+            assert value(text, "goodput_gpu_pcie_transmit_bytes_per_second", gpu="1") is None
+            assert value(text, "goodput_gpu_fp32_active_ratio", gpu="1") == 0.125
+            assert value(text, "goodput_gpu_sm_active_ratio", gpu="0") == 0.8
+            assert value(text, "goodput_gpu_sm_occupancy_ratio", gpu="0") == 0.4  # the first one wins
+            assert [s["gpu"] for s in series(text, "goodput_gpu_sm_active_ratio")] == ["0"]
+            for reason in ("dcgm_exporter_unparsable", "dcgm_exporter_bad_value", "dcgm_exporter_no_uuid",
+                           "dcgm_exporter_duplicate", "dcgm_unknown_gpu"):
+                assert errors(text, reason) >= 1, reason
+            # counted per series per collection: 3 unparsable lines (the binary noise is not a field)
+            collections = value(text, "goodput_exporter_source_collections_total", source="dcgm")
+            assert errors(text, "dcgm_exporter_unparsable") == 3 * collections
+            assert errors(text, "dcgm_exporter_bad_value") == 3 * collections
+
+
+def test_hanging_exporter_times_out_daemon_keeps_serving_and_recovers() -> None:
+    sim = SimulatedGpus(1)
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF]))
+        with live_server(config(exporter.url), backend=sim) as live:
+            live.metrics_when("goodput_exporter_source_up", 1, source="dcgm")
+            exporter.hang.set()
+            text = live.metrics_when("goodput_exporter_source_up", 0, source="dcgm")
+            wait_for(lambda: errors(live.metrics(), "dcgm_exporter_timeout") >= 2)
+            text = live.metrics()
+            assert series(text, "goodput_gpu_sm_active_ratio") == []  # withdrawn, not stale
+            assert value(text, "goodput_gpu_up", gpu="0") == 1  # the other sources go on
+            started = time.monotonic()
+            live.metrics()
+            assert time.monotonic() - started < 1.0  # the scrape does not wait on the hung request
+            exporter.hang.clear()
+            exporter.release.set()
+            live.metrics_when("goodput_exporter_source_up", 1, source="dcgm")
+            assert value(live.metrics(), "goodput_gpu_sm_active_ratio", gpu="0") == 0.8
+
+
+def test_unreachable_error_status_and_no_profiling_fields_are_clear() -> None:
+    sim = SimulatedGpus(1)
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF]))
+        closed = exporter.url
+    with live_server(config(closed), backend=sim) as live:
+        wait_for(lambda: errors(live.metrics(), "dcgm_exporter_unreachable") >= 1)
+        assert value(live.metrics(), "goodput_exporter_source_up", source="dcgm") == 0
+    with dcgm_exporter() as exporter:
+        exporter.serve(gpus_of(sim, [PROF]))
+        exporter.status = 500
+        with live_server(config(exporter.url), backend=sim) as live:
+            wait_for(lambda: errors(live.metrics(), "dcgm_exporter_http_error") >= 1)
+            assert value(live.metrics(), "goodput_exporter_source_up", source="dcgm") == 0
+            exporter.status = 200
+            exporter.serve(gpus_of(sim, [{"DCGM_FI_DEV_SM_CLOCK": 1980, "DCGM_FI_DEV_GPU_UTIL": 97}]))
+            wait_for(lambda: errors(live.metrics(), "dcgm_exporter_no_fields") >= 1)
+            assert value(live.metrics(), "goodput_exporter_source_up", source="dcgm") == 0
+
+
+def test_mig_instance_series_are_not_taken_as_whole_gpus() -> None:
+    sim = SimulatedGpus(1)
+    whole = gpus_of(sim, [PROF])
+    mig = ExporterGpu("0", sim.uuid(0), {"DCGM_FI_PROF_SM_ACTIVE": 0.1},
+                      {"GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "7"})
+    with dcgm_exporter() as exporter:
+        exporter.serve([*whole, mig])
+        with live_server(config(exporter.url), backend=sim) as live:
+            live.metrics_when("goodput_gpu_sm_active_ratio", 0.8, gpu="0")
+            text = live.metrics()
+            assert errors(text, "dcgm_exporter_duplicate") == 0
+            assert len(series(text, "goodput_gpu_sm_active_ratio")) == 1
