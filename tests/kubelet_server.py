@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import tempfile
 import threading
-import time
 from collections.abc import Iterable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -39,6 +38,7 @@ class KubeletServer:
         self.malformed = False
         self.calls = 0
         self._lock = threading.Lock()
+        self._stopped = threading.Event()  # ends a delayed answer early when the server stops
         self._server: grpc.Server | None = None
 
     def set_pods(self, pods: Iterable[Pod]) -> None:
@@ -60,7 +60,7 @@ class KubeletServer:
     def _list(self, request: pb.ListPodResourcesRequest, context: grpc.ServicerContext) -> pb.ListPodResourcesResponse:
         self.calls += 1
         if self.delay:
-            time.sleep(self.delay)
+            self._stopped.wait(self.delay)
         return self.answer()
 
     def _serialize(self, reply: pb.ListPodResourcesResponse) -> bytes:
@@ -76,10 +76,12 @@ class KubeletServer:
         server.add_generic_rpc_handlers((handler,))
         server.add_insecure_port(f"unix://{self.path}")
         server.start()
+        self._stopped.clear()
         self._server = server
         return self
 
     def stop(self) -> None:
+        self._stopped.set()
         if self._server is not None:
             self._server.stop(grace=None).wait(5)
             self._server = None
