@@ -14,7 +14,7 @@ DEMO_FAULTS ?=
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs rules deps venv clean flight-dumps
+.PHONY: demo test bench lint docs rules deps venv clean flight-dumps proto
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -51,6 +51,12 @@ docs: venv
 # Regenerate rules/ from exporter/rules/ (defaults); a test fails when the committed files are stale.
 rules: venv
 	$(BIN)/goodput-exporter rules --out rules
+
+# Regenerate the kubelet pod-resources gRPC modules from the committed .proto (grpcio-tools, test extra);
+# a test fails when the committed modules are stale.
+PROTO := exporter/attribution/podresources_v1.proto
+proto: venv
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $(PROTO)
 
 # Regenerate the real PyTorch flight-recorder dumps the tests read (gloo, CPU; about 30 s).
 flight-dumps: venv

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import attribution
 import client_ingest
 import flight_parse
 import idle_accuracy
@@ -150,12 +151,14 @@ def main() -> None:
     throughput = client_ingest.ingest_events_per_second()
     flight = flight_parse.run()
     scale = rules_scale.run()
-    write(rows, accuracy, client_costs, throughput, flight, scale)
+    attributed = attribution.run()
+    write(rows, accuracy, client_costs, throughput, flight, scale, attributed)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
 def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
-          throughput: float, flight: list[flight_parse.Result], scale: rules_scale.Result) -> None:
+          throughput: float, flight: list[flight_parse.Result], scale: rules_scale.Result,
+          attributed: attribution.Result) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -264,6 +267,7 @@ def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[
         "(self-metrics, process and host series included).",
         "",
     ]
+    lines += attribution.markdown(attributed)
     RESULTS.write_text("\n".join(lines))
 
 

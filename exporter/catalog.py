@@ -311,6 +311,32 @@ FR_REJECTED = _m(
     "parser's memory), not_regular, unreadable, bad_name, duplicate_rank (a second file for one rank), "
     "too_many_files.", ("reason",), "flight")
 
+# --- kubelet: which pod each GPU is assigned to ------------------------------------------------
+GPU_POD_INFO = _m(
+    "goodput_gpu_pod_info", Kind.INFO, "",
+    "The pod and container the kubelet assigned the GPU to (pod-resources API); one series per "
+    "container, so a GPU shared through MIG or time-slicing has several. Join on uuid; value is always 1.",
+    (*GPU, "pod", "namespace", "container"), "kubelet")
+KUBELET_SKIPPED = _m(
+    "goodput_kubelet_skipped_devices", Kind.GAUGE, "",
+    "Devices in the kubelet's last answer that were not attributed, by reason: unmatched (a GPU resource's "
+    "device id names no GPU NVML sees on this node), invalid (a pod, namespace, container or device id "
+    "that cannot be valid).", ("reason",), "kubelet")
+
+# --- process: which workload and rank each GPU's processes belong to ------------------------------
+GPU_WORKLOAD_INFO = _m(
+    "goodput_gpu_workload_info", Kind.INFO, "",
+    "The workload and rank of a process holding the GPU: as the process declared them to the ingest "
+    "API, else from its launcher environment (TORCHELASTIC_RUN_ID, SLURM_JOB_ID or MASTER_ADDR:MASTER_PORT; "
+    "RANK or SLURM_PROCID), else the Slurm job of its cgroup. rank is empty when unknown. Join on uuid; "
+    "value is always 1.", (*GPU, "workload", "rank"), "process")
+ATTRIBUTION_PROCESSES = _m(
+    "goodput_attribution_processes", Kind.GAUGE, "",
+    "GPU-holding processes by how their workload was learned (state): declared, environment, cgroup; or "
+    "why it was not: unattributed (no launcher variable names one), denied (its environment is not "
+    "readable: needs root or CAP_SYS_PTRACE), invisible (not in the exporter's PID namespace: needs "
+    "hostPID, or gone).", ("state",), "process")
+
 # --- the exporter itself --------------------------------------------------------------------------
 SRC = ("source",)
 SOURCE_UP = _m(
@@ -335,7 +361,7 @@ BUILD_INFO = _m(
     "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
     ("version", "python_version", "gpu_backend"), "exporter")
 
-SOURCES_ORDER = ("nvml", "dcgm", "host", "ingest", "flight", "exporter")
+SOURCES_ORDER = ("nvml", "dcgm", "host", "ingest", "flight", "kubelet", "process", "exporter")
 
 
 def metrics_for(source: str) -> list[Metric]:

@@ -29,6 +29,7 @@ from typing import TypeVar
 import httpx
 
 from .catalog import PHASES
+from .launcher import rank_from, workload_from
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -102,8 +103,11 @@ class Telemetry:
         max_batch: int = 5_000,
         timeout: float = 2.0,
     ) -> None:
-        self.workload = workload or _from_env("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID") or "default"
-        self.rank = rank if rank is not None else int(_from_env("RANK", "SLURM_PROCID") or 0)
+        # the same derivation the daemon applies to GPU processes that declare nothing (exporter.launcher)
+        self.workload = workload or workload_from(os.environ) or "default"
+        if rank is None:
+            rank = rank_from(os.environ)
+        self.rank = rank if rank is not None else 0
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.flush_interval = flush_interval

@@ -135,7 +135,9 @@ class NvmlConfig(SourceConfig):
 
 class HostConfig(SourceConfig):
     interval: Duration = Field(5.0, description="How often the source collects.")
-    proc_path: str = Field("/proc", description="Mount point of the host's procfs (e.g. /host/proc in a pod).")
+    proc_path: str = Field(
+        "/proc", description="Mount point of the host's procfs (e.g. /host/proc in a pod); the process source "
+        "reads it too.")
 
 
 def _loopback_address(value: str) -> str:
@@ -229,6 +231,26 @@ class DcgmConfig(SourceConfig):
         return value
 
 
+class KubeletConfig(SourceConfig):
+    enabled: bool = Field(
+        False, description="Run this source (off by default, so that nodes outside Kubernetes show no failing "
+        "source; on Kubernetes turn it on and mount the pod-resources socket).")
+    interval: Duration = Field(10.0, description="How often the source asks the kubelet.")
+    timeout: Duration = Field(
+        5.0, description="A List call is given four fifths of this; a collection running longer marks the source down.")
+    socket_path: str = Field(
+        "/var/lib/kubelet/pod-resources/kubelet.sock",
+        description="The kubelet's pod-resources socket (mount /var/lib/kubelet/pod-resources into the pod).")
+    resource_prefix: str = Field(
+        "nvidia.com/",
+        description="Devices of resources whose name starts with this are GPUs (nvidia.com/gpu, "
+        "nvidia.com/mig-1g.10gb, ...); DRA devices are matched by a GPU-/MIG- UUID in their CDI name.")
+
+
+class ProcessConfig(SourceConfig):
+    interval: Duration = Field(5.0, description="How often the source collects.")
+
+
 FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise"]
 
 
@@ -275,11 +297,14 @@ class Config(_Section):
     host: HostConfig = Field(default_factory=HostConfig)
     ingest: IngestConfig = Field(default_factory=IngestConfig)
     flight: FlightConfig = Field(default_factory=FlightConfig)
+    kubelet: KubeletConfig = Field(default_factory=KubeletConfig)
+    process: ProcessConfig = Field(default_factory=ProcessConfig)
     simulate: Annotated[SimulateConfig, BeforeValidator(_simulate_shorthand)] = Field(
         default_factory=SimulateConfig)
 
     def sources(self) -> dict[str, SourceConfig]:
-        return {"nvml": self.nvml, "dcgm": self.dcgm, "host": self.host, "ingest": self.ingest, "flight": self.flight}
+        return {"nvml": self.nvml, "dcgm": self.dcgm, "host": self.host, "ingest": self.ingest,
+                "flight": self.flight, "kubelet": self.kubelet, "process": self.process}
 
 
 def _scalar_fields(model: type[BaseModel]) -> list[str]:

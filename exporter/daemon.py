@@ -25,7 +25,9 @@ from .sources.base import Source
 from .sources.dcgm import DcgmSource
 from .sources.flight import FlightSource
 from .sources.host import HostSource
+from .sources.kubelet import KubeletSource
 from .sources.nvml import NvmlSource
+from .sources.process import ProcessSource
 from .store import Store
 
 log = logging.getLogger(__name__)
@@ -110,6 +112,11 @@ class Daemon:
             return self.ingest_source
         if name == "flight":
             return FlightSource(self.config.flight)
+        if name == "kubelet":
+            return KubeletSource(self.config.kubelet, self.gpu_processes)
+        if name == "process":
+            declared = self.ingest_state.declared if self.ingest_state is not None else None
+            return ProcessSource(self.gpu_processes, proc_path=self.config.host.proc_path, declared=declared)
         raise ValueError(f"unknown source {name}")
 
     def start(self) -> None:

@@ -11,6 +11,8 @@ SOURCE_TITLES = {
     "host": "Host feeding the GPUs (source `host`)",
     "ingest": "Training jobs (source `ingest`, from `POST /v1/events`)",
     "flight": "Collectives (source `flight`, from PyTorch flight-recorder dumps)",
+    "kubelet": "Pods (source `kubelet`, from the kubelet pod-resources API)",
+    "process": "Workloads and ranks (source `process`, from GPU processes)",
     "exporter": "The exporter itself",
 }
 

@@ -30,9 +30,10 @@ class QuietServer(uvicorn.Server):
 class ServerThread:
     """A QuietServer serving `app` on already-bound sockets from a background thread."""
 
-    def __init__(self, app: object, sockets: list[socket.socket], name: str) -> None:
+    def __init__(self, app: object, sockets: list[socket.socket], name: str,
+                 http: type[asyncio.Protocol] | str = "httptools") -> None:
         self.server = QuietServer(uvicorn.Config(
-            app, log_config=None, access_log=False, lifespan="off", http="httptools"))  # type: ignore[arg-type]
+            app, log_config=None, access_log=False, lifespan="off", http=http))  # type: ignore[arg-type]
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": sockets}, name=name,
                                         daemon=True)
 

@@ -129,6 +129,7 @@ class Stack:
             "nvml": {"interval": "1s"}, "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock")},
             "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
+            "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
         sock = bind(config.web.listen_address)
         self.daemon = Daemon(config, backend=self.gpus)

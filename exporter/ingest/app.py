@@ -62,7 +62,8 @@ def create_ingest_app(state: IngestState, token: str | None, max_body_bytes: int
             return refuse("oversize", 413,
                           f"{len(batch.events)} events in one request; ingest.max_batch_events is {max_batch_events}")
         try:
-            state.apply(batch.events)
+            # the sender's PID (Unix socket only): its events declare which workload and rank it is
+            state.apply(batch.events, peer_pid=request.scope.get("state", {}).get("peer_pid"))
         except Rejected as exc:
             return _error(exc.status, str(exc))
         return JSONResponse({"accepted": len(batch.events)})

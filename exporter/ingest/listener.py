@@ -10,6 +10,7 @@ from ..config import ConfigError, IngestConfig
 from ..http_server import ServerThread
 from ..sockets import bind, unix_socket
 from .app import create_ingest_app
+from .peer import PeerCredProtocol
 from .state import IngestState
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class IngestServer:
             self._sockets.append(bind(self.config.listen_address))
         app = create_ingest_app(self.state, self.token, self.config.max_body_bytes,
                                 self.config.max_batch_events)
-        self._server = ServerThread(app, self._sockets, "ingest-http")
+        self._server = ServerThread(app, self._sockets, "ingest-http", http=PeerCredProtocol)
         self._server.start()
         log.info("ingest: accepting events on unix:%s%s", self.config.socket_path,
                  f" and http://{self.config.listen_address}" if self.config.listen_address else "")

@@ -7,10 +7,11 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..catalog import PHASES
+from ..launcher import MAX_RANK, WORKLOAD_PATTERN
 
 MAX_SECONDS = 86_400.0  # a step or phase longer than a day is a bug in the reporter, not data
-Workload = Annotated[str, Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$")]
-Rank = Annotated[int, Field(ge=0, lt=1_000_000)]
+Workload = Annotated[str, Field(pattern=WORKLOAD_PATTERN)]
+Rank = Annotated[int, Field(ge=0, lt=MAX_RANK)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=10**12)]
 Phase = Literal["compute", "data_wait", "comm_wait", "checkpoint", "startup", "other"]

@@ -48,6 +48,7 @@ class IngestState:
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
+        self._declared: dict[int, tuple[str, str]] = {}  # sender PID -> the (workload, rank) it last reported
         self.accepted: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
 
@@ -55,8 +56,9 @@ class IngestState:
         with self._lock:
             self.rejected[reason] += 1
 
-    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent]) -> None:
-        """Apply every event or none (over a cap: Rejected, and nothing changed)."""
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent], peer_pid: int | None = None) -> None:
+        """Apply every event or none (over a cap: Rejected, and nothing changed). `peer_pid`, the
+        sending process as the kernel names it, is remembered as declaring its events' identity."""
         keys = {(e.workload, str(e.rank)) for e in events}
         now = self._clock()
         with self._lock:
@@ -93,6 +95,14 @@ class IngestState:
                 else:
                     rank.ended_at = None
                 self.accepted[event.type] += 1
+            if peer_pid is not None and events:
+                last = events[-1]
+                self._declared[peer_pid] = (last.workload, str(last.rank))
+
+    def declared(self) -> dict[int, tuple[str, str]]:
+        """PID -> (workload, rank) that the process declared by reporting it, for live ranks only."""
+        with self._lock:
+            return dict(self._declared)
 
     def snapshot(self) -> Batch:
         """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace."""
@@ -103,6 +113,8 @@ class IngestState:
                         if now - r.last_event > self.idle_timeout
                         or (r.ended_at is not None and now - r.ended_at > ENDED_GRACE)]:
                 del self._ranks[key]
+            for pid in [p for p, key in self._declared.items() if key not in self._ranks]:
+                del self._declared[pid]  # its rank expired or ended: no ghost attribution
             for key, rank in sorted(self._ranks.items()):
                 cumulative, running = [], 0
                 for count in rank.buckets:

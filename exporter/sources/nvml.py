@@ -29,7 +29,7 @@ from ..gpu.api import (
     GpuError,
 )
 from ..gpu_inventory import GpuInventory
-from ..gpu_processes import GpuHolder, GpuProcessTable
+from ..gpu_processes import GpuHolder, GpuIdentity, GpuProcessTable
 from .base import SourceError
 
 log = logging.getLogger(__name__)
@@ -67,6 +67,7 @@ class _GpuState:
     sampled_seconds: float = 0.0
     xids: dict[int, int] = field(default_factory=dict)
     last_xid: float | None = None
+    mig_uuids: tuple[str, ...] = ()
 
 
 class NvmlSource:
@@ -197,7 +198,9 @@ class NvmlSource:
         except GpuError as exc:
             self.processes.replace({})  # nothing known about GPU processes now
             raise SourceError(exc.reason, f"NVML call failed: {exc}") from None
-        self.processes.replace({pid: tuple(hs.values()) for pid, hs in holders.items()})
+        gpus = tuple(GpuIdentity(g.labels[0], g.labels[1], g.info[3], g.mig_uuids)
+                     for g in self._gpus if g.labels[1] != UNKNOWN_UUID)
+        self.processes.replace({pid: tuple(hs.values()) for pid, hs in holders.items()}, gpus)
         return batch
 
     def _collect_gpu(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
@@ -262,6 +265,8 @@ class NvmlSource:
                     add((c.GPU_PROCESS_MEMORY, (*labels, str(pid)), used))
         if read(gpu, "mig", self.backend.device_mig_enabled):
             self._collect_mig(gpu, staged)
+        else:
+            gpu.mig_uuids = ()
         if self._answers == answers_before and len(self._errors) > errors_before:
             raise GpuError(UNANSWERED, "the GPU answered no query")
         if gpu.lost:
@@ -305,6 +310,7 @@ class NvmlSource:
 
     def _collect_mig(self, gpu: _GpuState, staged: list[tuple[c.Metric, tuple[str, ...], float]]) -> None:
         handles = self._optional(gpu, "mig_handles", self.backend.device_mig_handles) or []
+        mig_uuids = []
         for mig in handles:
             try:
                 mig_uuid = self.backend.device_uuid(mig)
@@ -314,10 +320,12 @@ class NvmlSource:
             except GpuError as exc:  # one instance unreadable: count it, report the others
                 self._errors.append(exc.reason)
                 continue
+            mig_uuids.append(mig_uuid)
             profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
             staged.append((c.MIG_INFO, (*gpu.labels, mig_uuid, str(gi), str(ci), profile), 1))
             staged.append((c.MIG_MEMORY_USED, (*gpu.labels, mig_uuid), used))
             staged.append((c.MIG_MEMORY_TOTAL, (*gpu.labels, mig_uuid), total))
+        gpu.mig_uuids = tuple(mig_uuids)
 
     def _drain_xids(self) -> None:
         assert self._gpus is not None

@@ -1,0 +1,87 @@
+"""Reads what a GPU process's launcher left in /proc/PID/environ and /proc/PID/cgroup.
+
+environ is readable only with ptrace access to the process (same user, or root / CAP_SYS_PTRACE),
+and only for processes in our PID namespace (hostPID in a pod). cgroup is world-readable, so when
+environ is refused a Slurm job id can still come from the job's cgroup (slurmstepd puts every task
+under .../job_<id>/step_<n>/...). Nothing else is guessed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from ..launcher import VARIABLES, rank_from, valid_workload, workload_from
+
+MAX_ENVIRON_BYTES = 1 << 20  # the kernel caps argv+envp well below this on default settings
+_SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")
+
+
+class Outcome(StrEnum):
+    """What reading one process gave; the values label goodput_attribution_processes{state}."""
+
+    ENVIRONMENT = "environment"  # workload from the launcher variables
+    CGROUP = "cgroup"  # environ unreadable or silent; workload from the Slurm cgroup
+    UNATTRIBUTED = "unattributed"  # readable, but no launcher variable names a workload
+    DENIED = "denied"  # environ refused (no ptrace access) and the cgroup names no job
+    INVISIBLE = "invisible"  # not in our PID namespace (no hostPID), or gone
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessIdentity:
+    outcome: Outcome
+    workload: str | None = None
+    rank: int | None = None
+
+
+def parse_environ(data: bytes) -> dict[str, str]:
+    """NUL-separated NAME=value pairs -> the launcher variables among them (others are not kept)."""
+    out: dict[str, str] = {}
+    for item in data.split(b"\0"):
+        name, sep, value = item.partition(b"=")
+        if sep:
+            key = name.decode("ascii", errors="replace")
+            if key in VARIABLES:
+                out[key] = value.decode("utf-8", errors="replace")
+    return out
+
+
+def slurm_job_from_cgroup(text: str) -> str | None:
+    for line in text.splitlines():
+        match = _SLURM_CGROUP.search(line.rpartition(":")[2])
+        if match is not None and valid_workload(match.group(1)):
+            return match.group(1)
+    return None
+
+
+def read_identity(proc: Path, pid: int) -> ProcessIdentity:
+    """The launcher identity of `pid` under the procfs mounted at `proc`. Never raises for a process
+    that is gone, invisible or not ours to read: the outcome says which."""
+    base = proc / str(pid)
+    env: dict[str, str] | None = None
+    try:
+        with open(base / "environ", "rb") as handle:
+            env = parse_environ(handle.read(MAX_ENVIRON_BYTES))
+    except FileNotFoundError:
+        return ProcessIdentity(Outcome.INVISIBLE)
+    except (PermissionError, ProcessLookupError):
+        env = None
+    except OSError:  # e.g. ESRCH while the process exits
+        return ProcessIdentity(Outcome.INVISIBLE)
+    if env is not None:
+        workload = workload_from(env)
+        if workload is not None:
+            return ProcessIdentity(Outcome.ENVIRONMENT, workload, rank_from(env))
+    try:
+        cgroup = (base / "cgroup").read_text(errors="replace")
+    except FileNotFoundError:
+        return ProcessIdentity(Outcome.INVISIBLE)
+    except OSError:
+        cgroup = ""
+    job = slurm_job_from_cgroup(cgroup)
+    if job is not None:
+        rank = rank_from(env) if env is not None else None
+        return ProcessIdentity(Outcome.CGROUP, job, rank)
+    return ProcessIdentity(Outcome.UNATTRIBUTED if env is not None else Outcome.DENIED)
