@@ -146,4 +146,4 @@ def test_disabled_source_is_not_run_or_reported() -> None:
         text = live.metrics()
         assert value(text, "goodput_exporter_source_up", source="host") is None
         assert live.client.get("/readyz").json()["sources"] == {
-            "nvml": True, "ingest": True, "flight": True, "kubelet": True, "process": True}
+            "nvml": True, "ingest": True, "flight": True, "process": True}

@@ -99,7 +99,7 @@ def test_missing_socket_and_undecodable_answer_are_errors_with_reasons() -> None
 
 
 def kubelet_config(path: str, **kubelet: str) -> object:
-    return quick_config(kubelet={"socket_path": path, "interval": "100ms", "timeout": "1s", **kubelet})
+    return quick_config(kubelet={"enabled": True, "socket_path": path, "interval": "100ms", "timeout": "1s", **kubelet})
 
 
 def test_pod_churn_while_serving_leaves_no_ghosts() -> None:
