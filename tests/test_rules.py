@@ -100,7 +100,8 @@ def test_settings_shape_the_rules(tmp_path: Path) -> None:
     out = tmp_path / "out"
     assert cli("--settings", str(settings), "--out", str(out)).returncode == 0
     text = (out / "goodput-recording.rules.yml").read_text()
-    assert "rate(goodput_gpu_idle_seconds_total[6h])" in text and "by (cluster, node)" in text
+    assert "rate(goodput_gpu_idle_seconds_total[10m])" in text and "by (cluster, node)" in text
+    assert "avg_over_time(gpu:goodput_gpu_idle_ratio:rate10m[6h])" in text
     assert "workload:goodput_tokens_drop_ratio:rate10m_vs_6h" in text and ", 7200)" in text
     assert "[5m]" not in text and "instance" not in text
     result = subprocess.run([promtool(), "check", "rules", str(out / "goodput-recording.rules.yml")],

@@ -124,5 +124,19 @@ def alerts(s: RulesSettings) -> list[Alert]:
     ]
 
 
+# Small groups, by what they watch: Prometheus evaluates groups concurrently, each group's rules in turn.
+GROUPS = {
+    "goodput.alerts.workload": ("GoodputDrop", "GoodputStraggler", "GoodputCollectiveHang",
+                                "GoodputCollectiveRankMissing"),
+    "goodput.alerts.gpu_health": ("GoodputGPUXidCritical", "GoodputGPUEccUncorrectable", "GoodputGPUThrottled"),
+    "goodput.alerts.gpu_usage": ("GoodputGPUIdleWhileAllocated", "GoodputGPUMemoryExhaustionSoon"),
+    "goodput.alerts.exporter": ("GoodputExporterDown", "GoodputExporterSourceFailing"),
+}
+
+
 def alert_groups(s: RulesSettings) -> list[dict[str, object]]:
-    return [{"name": "goodput.alerts", "rules": [a.rule(s) for a in alerts(s)]}]
+    by_name = {a.name: a for a in alerts(s)}
+    grouped = [name for names in GROUPS.values() for name in names]
+    if sorted(grouped) != sorted(by_name):
+        raise AssertionError(f"every alert belongs to one group: {sorted(set(by_name) ^ set(grouped))}")
+    return [{"name": group, "rules": [by_name[name].rule(s) for name in names]} for group, names in GROUPS.items()]

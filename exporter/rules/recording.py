@@ -1,5 +1,16 @@
 """Recording rules: raw series -> the numbers people act on, at the gpu, node, workload and cluster
-levels, over each window of the settings. Names follow `level:metric:operations`."""
+levels, over each window of the settings. Names follow `level:metric:operations`.
+
+Built to stay cheap at 10,000 GPUs (bench/rules_scale.py):
+- Raw series are read once per evaluation, over the short window only (5m by default).
+- The longer windows (1h) are averages over time of what the short-window rules recorded, at the
+  level they recorded it: `avg_over_time(workload:goodput_phase_seconds:rate5m[1h])` reads 600
+  recorded series where `rate(goodput_phase_seconds_total[1h])` would read 38,400 raw ones. For a
+  steady counter the two agree; when the rate changes, the average of the 5m rates over the hour
+  is the hour's rate give or take the first 5 minutes.
+- Long-window groups are evaluated every `long_window_interval` (1m), not at every evaluation.
+- Groups are kept small: Prometheus evaluates groups concurrently and the rules of one group in turn.
+"""
 
 from __future__ import annotations
 
@@ -10,89 +21,131 @@ from .settings import RulesSettings, seconds
 Rule = dict[str, Any]
 Group = dict[str, Any]
 
+IDLE_KINDS = ("idle", "idle_while_allocated", "idle_unallocated")
+
 
 def _gpu(s: RulesSettings) -> list[Rule]:
-    rules: list[Rule] = []
-    for w in s.windows:
-        idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
-        rules += [
-            {"record": idle,
-             "expr": f"rate(goodput_gpu_idle_seconds_total[{w}])\n"
-                     f"  / (rate(goodput_gpu_sampled_seconds_total[{w}]) > 0)"},
-            # allocated at any time in the window vs never: idle while someone holds the GPU is waste
-            {"record": f"gpu:goodput_gpu_idle_while_allocated_ratio:rate{w}",
-             "expr": f"{idle} and (max_over_time(goodput_gpu_allocated[{w}]) == 1)"},
-            {"record": f"gpu:goodput_gpu_idle_unallocated_ratio:rate{w}",
-             "expr": f"{idle} and (max_over_time(goodput_gpu_allocated[{w}]) == 0)"},
-        ]
-    rules.append({
-        "record": f"gpu:goodput_gpu_memory_used_bytes:predict_linear{s.memory_predict_horizon}",
-        "expr": f"predict_linear(goodput_gpu_memory_used_bytes[{s.memory_predict_window}], "
-                f"{seconds(s.memory_predict_horizon)})"})
-    rules.append({
-        "record": f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{s.memory_predict_horizon}",
-        "expr": f"gpu:goodput_gpu_memory_used_bytes:predict_linear{s.memory_predict_horizon}\n"
-                "  / (goodput_gpu_memory_total_bytes > 0)"})
+    w = s.windows[0]
+    idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
+    return [
+        {"record": idle,
+         "expr": f"rate(goodput_gpu_idle_seconds_total[{w}])\n"
+                 f"  / (rate(goodput_gpu_sampled_seconds_total[{w}]) > 0)"},
+        # allocated at any time in the window vs never: idle while someone holds the GPU is waste
+        {"record": f"gpu:goodput_gpu_idle_while_allocated_ratio:rate{w}",
+         "expr": f"{idle} and (max_over_time(goodput_gpu_allocated[{w}]) == 1)"},
+        {"record": f"gpu:goodput_gpu_idle_unallocated_ratio:rate{w}",
+         "expr": f"{idle} and (max_over_time(goodput_gpu_allocated[{w}]) == 0)"},
+    ]
+
+
+def _gpu_memory(s: RulesSettings) -> list[Rule]:
+    h = s.memory_predict_horizon
+    return [
+        {"record": f"gpu:goodput_gpu_memory_used_bytes:predict_linear{h}",
+         "expr": f"predict_linear(goodput_gpu_memory_used_bytes[{s.memory_predict_window}], {seconds(h)})"},
+        {"record": f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{h}",
+         "expr": f"gpu:goodput_gpu_memory_used_bytes:predict_linear{h}\n"
+                 "  / (goodput_gpu_memory_total_bytes > 0)"},
+    ]
+
+
+def _level(s: RulesSettings, level: str) -> list[Rule]:
+    by = {"node": f"{s.cluster_label}, {s.node_label}", "cluster": s.cluster_label}[level]
+    w = s.windows[0]
+    rules = [{"record": f"{level}:goodput_gpu_{kind}_ratio:rate{w}",
+              "expr": f"avg by ({by}) (gpu:goodput_gpu_{kind}_ratio:rate{w})"} for kind in IDLE_KINDS]
+    rules.append({"record": f"{level}:goodput_gpu_allocated_ratio:avg",
+                  "expr": f"avg by ({by}) (goodput_gpu_allocated)"})
     return rules
 
 
-def _node_cluster(s: RulesSettings) -> list[Rule]:
-    node = f"{s.cluster_label}, {s.node_label}"
-    rules: list[Rule] = []
-    for level, by in (("node", node), ("cluster", s.cluster_label)):
-        for w in s.windows:
-            for kind in ("idle", "idle_while_allocated", "idle_unallocated"):
-                rules.append({"record": f"{level}:goodput_gpu_{kind}_ratio:rate{w}",
-                              "expr": f"avg by ({by}) (gpu:goodput_gpu_{kind}_ratio:rate{w})"})
-        rules.append({"record": f"{level}:goodput_gpu_allocated_ratio:avg",
-                      "expr": f"avg by ({by}) (goodput_gpu_allocated)"})
-    return rules
+def _gpu_long(s: RulesSettings, long: str) -> list[Rule]:
+    # For the allocation split this is the mean over the short windows in which the GPU was
+    # allocated (or not): a GPU allocated half the hour shows in both, each over its own half.
+    short = s.windows[0]
+    return [{"record": f"{level}:goodput_gpu_{kind}_ratio:rate{long}",
+             "expr": f"avg_over_time({level}:goodput_gpu_{kind}_ratio:rate{short}[{long}])"}
+            for level in ("gpu", "node", "cluster") for kind in IDLE_KINDS]
+
+
+def _goodput(phases: str, w: str) -> list[Rule]:
+    """Goodput: the share of accounted time spent computing; badput: the share of every other phase."""
+    return [
+        {"record": f"workload:goodput_ratio:rate{w}",
+         "expr": f'sum without (phase) ({phases}{{phase="compute"}})\n'
+                 f"  / (sum without (phase) ({phases}) > 0)"},
+        {"record": f"workload:goodput_badput_ratio:rate{w}",
+         "expr": f'{phases}{{phase!="compute"}}\n'
+                 f"  / ignoring (phase) group_left () (sum without (phase) ({phases}) > 0)"},
+    ]
+
+
+def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
+    c = s.cluster_label
+    return [
+        {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
+         "expr": f"{own}\n  / on ({c}, workload) group_left ()\n"
+                 f"    (quantile by ({c}, workload) (0.5, {own}) > 0)"},
+        {"record": f"workload:goodput_straggler_ratio:rate{w}",
+         "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
+    ]
 
 
 def _workload(s: RulesSettings) -> list[Rule]:
-    c = s.cluster_label
-    rules: list[Rule] = []
-    for w in s.windows:
-        phases = f"workload:goodput_phase_seconds:rate{w}"
-        step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
-        own = f"workload_rank:goodput_step_own_seconds:mean{w}"
-        rules += [
-            {"record": phases,
-             "expr": f"sum by ({c}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
-            # goodput: the share of accounted time spent computing; badput: the share of every other phase
-            {"record": f"workload:goodput_ratio:rate{w}",
-             "expr": f'sum without (phase) ({phases}{{phase="compute"}})\n'
-                     f"  / (sum without (phase) ({phases}) > 0)"},
-            {"record": f"workload:goodput_badput_ratio:rate{w}",
-             "expr": f'{phases}{{phase!="compute"}}\n'
-                     f"  / ignoring (phase) group_left () (sum without (phase) ({phases}) > 0)"},
-            {"record": step,
-             "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
-                     f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
-            # In synchronous training every rank's step lasts as long as the slowest one's (they all
-            # meet in the all-reduce), so the straggler is found by its own time per step: every phase
-            # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
-            # fall back to their step time.
-            {"record": own,
-             "expr": f'sum by ({c}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
-                     f"  / (sum by ({c}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
-                     f"or\n{step}"},
-            {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
-             "expr": f"{own}\n  / on ({c}, workload) group_left ()\n"
-                     f"    (quantile by ({c}, workload) (0.5, {own}) > 0)"},
-            {"record": f"workload:goodput_straggler_ratio:rate{w}",
-             "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
-            {"record": f"workload:goodput_tokens:rate{w}",
-             "expr": f"sum by ({c}, workload) (rate(goodput_tokens_total[{w}]))"},
-        ]
-    short, base = s.windows[0], s.windows[-1]
-    rules += [
-        # 0.3 = 30% fewer tokens/s than the workload's own baseline; negative when faster
-        {"record": f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{base}",
-         "expr": f"1 - workload:goodput_tokens:rate{short} / (workload:goodput_tokens:rate{base} > 0)"},
-        {"record": f"workload:goodput_ratio:deriv{s.goodput_trend_window}",
-         "expr": f"deriv(workload:goodput_ratio:rate{short}[{s.goodput_trend_window}])"},
+    c, w = s.cluster_label, s.windows[0]
+    phases = f"workload:goodput_phase_seconds:rate{w}"
+    return [
+        {"record": phases,
+         "expr": f"sum by ({c}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
+        *_goodput(phases, w),
+        {"record": f"workload:goodput_tokens:rate{w}",
+         "expr": f"sum by ({c}, workload) (rate(goodput_tokens_total[{w}]))"},
     ]
+
+
+def _straggler(s: RulesSettings) -> list[Rule]:
+    c, w = s.cluster_label, s.windows[0]
+    step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
+    own = f"workload_rank:goodput_step_own_seconds:mean{w}"
+    return [
+        {"record": step,
+         "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
+                 f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
+        # In synchronous training every rank's step lasts as long as the slowest one's (they all
+        # meet in the all-reduce), so the straggler is found by its own time per step: every phase
+        # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
+        # fall back to their step time.
+        {"record": own,
+         "expr": f'sum by ({c}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
+                 f"  / (sum by ({c}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
+                 f"or\n{step}"},
+        *_stragglers(s, own, w),
+    ]
+
+
+def _workload_long(s: RulesSettings, long: str) -> list[Rule]:
+    short = s.windows[0]
+    phases = f"workload:goodput_phase_seconds:rate{long}"
+    own = f"workload_rank:goodput_step_own_seconds:mean{long}"
+    rules: list[Rule] = [
+        {"record": phases, "expr": f"avg_over_time(workload:goodput_phase_seconds:rate{short}[{long}])"},
+        *_goodput(phases, long),
+        {"record": f"workload_rank:goodput_step_duration_seconds:mean{long}",
+         "expr": f"avg_over_time(workload_rank:goodput_step_duration_seconds:mean{short}[{long}])"},
+        {"record": own, "expr": f"avg_over_time(workload_rank:goodput_step_own_seconds:mean{short}[{long}])"},
+        *_stragglers(s, own, long),
+        {"record": f"workload:goodput_tokens:rate{long}",
+         "expr": f"avg_over_time(workload:goodput_tokens:rate{short}[{long}])"},
+    ]
+    if long == s.windows[-1]:
+        rules += [
+            # 0.3 = 30% fewer tokens/s than the workload's own baseline; negative when faster
+            {"record": f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{long}",
+             "expr": f"1 - workload:goodput_tokens:rate{short} / (workload:goodput_tokens:rate{long} > 0)"},
+            {"record": f"workload:goodput_ratio:deriv{s.goodput_trend_window}",
+             "expr": f"deriv(workload:goodput_ratio:rate{short}[{s.goodput_trend_window}])"},
+        ]
     return rules
 
 
@@ -114,9 +167,19 @@ def _collective(s: RulesSettings) -> list[Rule]:
 
 
 def recording_groups(s: RulesSettings) -> list[Group]:
-    return [
+    groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
-        {"name": "goodput.node_cluster", "rules": _node_cluster(s)},
+        {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
+        {"name": "goodput.node", "rules": _level(s, "node")},
+        {"name": "goodput.cluster", "rules": _level(s, "cluster")},
         {"name": "goodput.workload", "rules": _workload(s)},
+        {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
+    for long in s.windows[1:]:
+        groups += [
+            {"name": f"goodput.gpu.{long}", "interval": s.long_window_interval, "rules": _gpu_long(s, long)},
+            {"name": f"goodput.workload.{long}", "interval": s.long_window_interval,
+             "rules": _workload_long(s, long)},
+        ]
+    return groups
