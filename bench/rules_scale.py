@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import sys
 import time
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -201,6 +202,10 @@ def _get(port: int, path: str) -> dict:  # type: ignore[type-arg]
     return json.loads(conn.getresponse().read())
 
 
+def _query(port: int, expr: str) -> list[dict]:  # type: ignore[type-arg]
+    return _get(port, "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["data"]["result"]
+
+
 def _per_gpu_series() -> tuple[float, float]:
     """Series of one daemon with 8 simulated GPUs at default settings."""
     with socket.socket() as sock:
@@ -282,11 +287,11 @@ def run() -> Result:
         for rule, expected in (("gpu:goodput_gpu_idle_ratio:rate1h", NODES * GPUS_PER_NODE),
                                ("node:goodput_gpu_idle_ratio:rate5m", NODES),
                                ("workload_rank:goodput_straggler_ratio:rate5m", WORKLOADS * RANKS)):
-            check = _get(port, f"/api/v1/query?query=count({rule})")["data"]["result"]
+            check = _query(port, f"count({rule})")
             assert check and float(check[0]["value"][1]) == expected, (rule, check)
         for name in long_inputs:  # every series a short group records had a full hour behind it
-            total = _get(port, f"/api/v1/query?query=count({name})")["data"]["result"]
-            full = _get(port, f"/api/v1/query?query=count(count_over_time({name}[1h]) >= 55)")["data"]["result"]
+            total = _query(port, f"count({name})")
+            full = _query(port, f"count(count_over_time({name}[1h]) >= 55)")
             assert total and full and total[0]["value"][1] == full[0]["value"][1], (name, total, full)
         if "out of bounds" in (WORK / "prometheus.log").read_text():
             raise RuntimeError("Prometheus discarded rule results as out of bounds")
