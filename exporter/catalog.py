@@ -138,7 +138,9 @@ MIG_MEMORY_TOTAL = _m(
 
 # --- dcgm: what the kernels do (DCGM profiling fields) ------------------------------------------
 _DCGM = ("Read from DCGM's profiling field {field} (through DCGM's Python bindings, or from a "
-         "dcgm-exporter on the node); averaged by DCGM over its sampling period (dcgm.interval).")
+         "dcgm-exporter on the node); averaged by DCGM over its sampling period: dcgm.interval with "
+         "dcgm.mode=bindings, dcgm-exporter's own collection interval (its -c, 30 s by default) with "
+         "dcgm.mode=exporter.")
 GPU_SM_ACTIVE = _m(
     "goodput_gpu_sm_active_ratio", Kind.GAUGE, "ratio",
     "Share of cycles in which an SM had at least one warp resident, averaged over all SMs (0-1). "
@@ -167,7 +169,9 @@ GPU_FP64_ACTIVE = _m(
     "goodput_gpu_fp64_active_ratio", Kind.GAUGE, "ratio",
     "Share of cycles the FP64 pipes were active (0-1). "
     + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP64_ACTIVE"), GPU, "dcgm")
-_DCGM_RATE = ("A rate DCGM measures, averaged over its sampling period; a gauge, not a counter, "
+_DCGM_RATE = ("A rate DCGM measures, averaged over its sampling period (dcgm.interval with "
+              "dcgm.mode=bindings; dcgm-exporter's -c interval, 30 s by default, with dcgm.mode=exporter, "
+              "even where dcgm-exporter types the field as a counter); a gauge, not a counter, "
               "because only the latest average is seen. Where NVML gives the byte counter "
               "{counter}, prefer rate() of it: it misses nothing between samples.")
 GPU_DCGM_PCIE_TX = _m(

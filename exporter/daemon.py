@@ -105,7 +105,8 @@ class Daemon:
             dcgm = self.config.dcgm
             if dcgm.mode == "bindings" and self.dcgm_backend is None:
                 self.dcgm_backend = make_dcgm_backend(self.config, self.backend)
-            return DcgmSource(dcgm, self.dcgm_backend, self.gpu_inventory)
+            return DcgmSource(dcgm, self.dcgm_backend, self.gpu_inventory,
+                              nvml_enabled=self.config.nvml.enabled)
         if name == "host":
             return HostSource(self.gpu_processes, proc_path=self.config.host.proc_path)
         if name == "ingest" and self.ingest_source is not None:

@@ -12,8 +12,12 @@ class GpuInventory:
         self._index_by_uuid: dict[str, str] = {}
 
     def record(self, uuid: str, index: str) -> None:
+        """NVML identified GPU `uuid` at `index`. A UUID recorded earlier at the same index is one NVML
+        no longer lists there (the GPU was replaced or reset to another UUID): it is forgotten, so two
+        UUIDs never map to one `gpu`."""
         with self._lock:
-            self._index_by_uuid = {**self._index_by_uuid, uuid: index}
+            kept = {u: i for u, i in self._index_by_uuid.items() if i != index and u != uuid}
+            self._index_by_uuid = {**kept, uuid: index}
 
     def snapshot(self) -> dict[str, str]:
         """UUID -> NVML index (as in the `gpu` label); empty while NVML has identified no GPU."""

@@ -9,7 +9,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-# (field, type, help) as dcgm-exporter prints them
+# (field, type, help) as dcgm-exporter prints them. The types are those of NVIDIA's counters files:
+# dcgm-exporter's default-counters.csv lists no DCGM_FI_PROF_* field at all (a server without them
+# is the no-fields case); etc/dcp-metrics-included.csv (-f) lists some, and NVIDIA's files have typed
+# the DCGM_FI_PROF_PCIE_* fields as counter, although their values are DCGM's per-second rates.
 FIELDS = [
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
     ("DCGM_FI_DEV_GPU_UTIL", "gauge", "GPU utilization (in %)."),
@@ -23,10 +26,8 @@ FIELDS = [
     ("DCGM_FI_PROF_PIPE_FP64_ACTIVE", "gauge", "Ratio of cycles the fp64 pipes are active."),
     ("DCGM_FI_PROF_PIPE_FP32_ACTIVE", "gauge", "Ratio of cycles the fp32 pipes are active."),
     ("DCGM_FI_PROF_PIPE_FP16_ACTIVE", "gauge", "Ratio of cycles the fp16 pipes are active."),
-    ("DCGM_FI_PROF_PCIE_TX_BYTES", "gauge", "The rate of data transmitted over the PCIe bus - including both "
-     "protocol headers and data payloads - in bytes per second."),
-    ("DCGM_FI_PROF_PCIE_RX_BYTES", "gauge", "The rate of data received over the PCIe bus - including both "
-     "protocol headers and data payloads - in bytes per second."),
+    ("DCGM_FI_PROF_PCIE_TX_BYTES", "counter", "Bytes transmitted through PCIe TX."),
+    ("DCGM_FI_PROF_PCIE_RX_BYTES", "counter", "Bytes received through PCIe RX."),
     ("DCGM_FI_PROF_NVLINK_TX_BYTES", "gauge", "The rate of data transmitted over NVLink, in bytes per second."),
     ("DCGM_FI_PROF_NVLINK_RX_BYTES", "gauge", "The rate of data received over NVLink, in bytes per second."),
 ]
@@ -61,6 +62,7 @@ class DcgmExporterServer:
         self.body = ""
         self.status = 200
         self.hang = threading.Event()  # set: requests block until released
+        self.trickle = threading.Event()  # set: headers come one byte every 50 ms until released
         self.release = threading.Event()
         self.requests = 0
         outer = self
@@ -70,12 +72,25 @@ class DcgmExporterServer:
                 outer.requests += 1
                 if outer.hang.is_set():
                     outer.release.wait(30)
+                if outer.trickle.is_set():  # each read finds a byte: only an overall deadline ends it
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    self.wfile.flush()
+                    try:
+                        while not outer.release.wait(0.05):
+                            self.wfile.write(b"X")
+                            self.wfile.flush()
+                    except OSError:  # the client gave up
+                        pass
+                    return
                 data = outer.body.encode()
-                self.send_response(outer.status)
-                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.send_response(outer.status)
+                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:  # the client gave up waiting (a hang test)
+                    pass
 
             def log_message(self, format: str, *args: object) -> None:
                 pass

@@ -9,7 +9,7 @@ codes (dcgm_structs.h), so the source handles real DCGM and the simulator with t
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 # DCGM status codes (dcgm_structs.h); the simulator raises the same ones.
@@ -90,6 +90,11 @@ PROFILING_FIELDS = tuple(FIELD_NAMES)
 RATIO_FIELDS = frozenset(PROFILING_FIELDS[:7])  # 0-1 ratios; the other four are bytes per second
 
 
+# A sample older than this many watch intervals means DCGM's sampler stopped updating the field: it
+# is dropped (and counted), not exported as if it were current.
+STALE_AFTER_INTERVALS = 3.0
+
+
 class DcgmError(Exception):
     """A DCGM error: `code` is DCGM's status code. `reason` becomes the source's error label."""
 
@@ -109,6 +114,14 @@ class DcgmGpu:
     uuid: str
 
 
+@dataclass
+class Latest:
+    """What `DcgmBackend.latest` returns."""
+
+    values: dict[int, dict[int, float]] = field(default_factory=dict)  # DCGM GPU id -> field id -> value
+    stale: int = 0  # samples left out for being older than STALE_AFTER_INTERVALS watch intervals
+
+
 class DcgmBackend(Protocol):
     """Methods raise `DcgmError`."""
 
@@ -124,9 +137,9 @@ class DcgmBackend(Protocol):
         """Have DCGM sample these fields of every GPU every `interval` seconds in the background."""
         ...
 
-    def latest(self) -> dict[int, dict[int, float]]:
+    def latest(self) -> Latest:
         """The latest sampled value of each watched field: {DCGM GPU id: {field id: value}}; a field
-        with no value yet (or none for this GPU) is absent."""
+        with no value yet (or none for this GPU), or only a stale one (counted), is absent."""
         ...
 
     def disconnect(self) -> None: ...

@@ -10,22 +10,27 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import logging
 import os
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
 from ..config import DCGM_BINDINGS_PATHS
-from .api import GENERIC_ERROR, LIBRARY_NOT_FOUND, DcgmError, DcgmGpu
+from .api import GENERIC_ERROR, LIBRARY_NOT_FOUND, STALE_AFTER_INTERVALS, DcgmError, DcgmGpu, Latest
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 MODULES = ("dcgm_structs", "dcgm_fields", "pydcgm")
 KEEP_SAMPLES_FOR = 60.0  # seconds of samples DCGM keeps per field (at least 10 intervals)
+DISCONNECT_WAIT = 1.0  # seconds disconnect() waits for a DCGM call in another thread to return
+_FIELD_GROUP_SERIAL = itertools.count(1)
 
 
 def find_bindings(path: str) -> Path:
@@ -61,19 +66,27 @@ def load_bindings(directory: Path) -> dict[str, ModuleType]:
     return modules
 
 
-def _translated(fn: Callable[..., T]) -> Callable[..., T]:
+def _call(fn: Callable[..., T]) -> Callable[..., T]:
+    """Run a DCGM call holding the connection's lock (so `disconnect` from another thread never shuts
+    the handle down under it) and translate DCGM's own exceptions into `DcgmError`."""
+
     @functools.wraps(fn)
     def wrapper(self: DcgmBindings, *args: Any, **kwargs: Any) -> T:
-        try:
-            return fn(self, *args, **kwargs)
-        except DcgmError:
-            raise
-        except Exception as exc:
-            # looked up after the call: the first connect() is what imports the bindings
-            error_class = getattr(self._modules.get("dcgm_structs"), "DCGMError", None)
-            if error_class is not None and isinstance(exc, error_class):
-                raise DcgmError(int(getattr(exc, "value", GENERIC_ERROR)), str(exc)) from None
-            raise
+        with self._lock:
+            try:
+                return fn(self, *args, **kwargs)
+            except DcgmError:
+                raise
+            except Exception as exc:
+                # looked up after the call: the first connect() is what imports the bindings
+                error_class = getattr(self._modules.get("dcgm_structs"), "DCGMError", None)
+                if error_class is not None and isinstance(exc, error_class):
+                    raise DcgmError(int(getattr(exc, "value", GENERIC_ERROR)), str(exc)) from None
+                raise
+            finally:
+                if self._close_pending:  # disconnect() gave up waiting for this call: finish it now
+                    self._close_pending = False
+                    self._shutdown()
 
     return wrapper
 
@@ -81,32 +94,37 @@ def _translated(fn: Callable[..., T]) -> Callable[..., T]:
 class DcgmBindings:
     name = "dcgm"
 
-    def __init__(self, bindings_path: str, hostengine: str) -> None:
+    def __init__(self, bindings_path: str, hostengine: str, wall_clock: Callable[[], float] = time.time) -> None:
         self.bindings_path = bindings_path
         self.hostengine = hostengine
+        self._wall_clock = wall_clock  # DCGM stamps samples in microseconds since the epoch
+        self._lock = threading.RLock()
+        self._close_pending = False
         self._modules: dict[str, ModuleType] = {}
         self._handle: Any = None
         self._system: Any = None
         self._group: Any = None
         self._field_group: Any = None
+        self._interval = 1.0
 
-    @_translated
+    @_call
     def connect(self) -> None:
         if not self._modules:
             self._modules = load_bindings(find_bindings(self.bindings_path))
             log.info("dcgm: bindings loaded from %s", os.path.dirname(self._modules["pydcgm"].__file__ or ""))
+        self._shutdown()  # a handle left from an earlier connection is closed, never leaked
         pydcgm, structs = self._modules["pydcgm"], self._modules["dcgm_structs"]
         mode = structs.DCGM_OPERATION_MODE_AUTO
         if self.hostengine == "embedded":
             self._handle = pydcgm.DcgmHandle(ipAddress=None, opMode=mode)
         elif self.hostengine.startswith("unix:"):
             self._handle = pydcgm.DcgmHandle(unixSocketPath=self.hostengine.removeprefix("unix:"), opMode=mode)
-        else:
+        else:  # HOST or HOST:PORT, as DCGM's connect takes them
             self._handle = pydcgm.DcgmHandle(ipAddress=self.hostengine, opMode=mode)
         self._system = self._handle.GetSystem()
         self._group = self._system.GetDefaultGroup()
 
-    @_translated
+    @_call
     def gpus(self) -> list[DcgmGpu]:
         out = []
         for gpu_id in self._group.GetGpuIds():
@@ -115,28 +133,62 @@ class DcgmBindings:
             out.append(DcgmGpu(int(gpu_id), uuid.decode() if isinstance(uuid, bytes) else str(uuid)))
         return out
 
-    @_translated
+    @_call
     def watch(self, field_ids: Sequence[int], interval: float) -> None:
         pydcgm = self._modules["pydcgm"]
-        self._field_group = pydcgm.DcgmFieldGroup(self._handle, f"goodput_exporter_{os.getpid()}", list(field_ids))
+        self._delete_field_group()
+        # DCGM wants field group names unique; one per connection, never reused in this process
+        name = f"goodput_exporter_{os.getpid()}_{next(_FIELD_GROUP_SERIAL)}"
+        self._field_group = pydcgm.DcgmFieldGroup(self._handle, name, list(field_ids))
         keep = max(KEEP_SAMPLES_FOR, 10 * interval)
         self._group.samples.WatchFields(self._field_group, int(interval * 1e6), keep, 0)
+        self._interval = interval
         self._system.UpdateAllFields(1)  # the first read then finds values
 
-    @_translated
-    def latest(self) -> dict[int, dict[int, float]]:
+    @_call
+    def latest(self) -> Latest:
         values = self._group.samples.GetLatest(self._field_group).values
-        out: dict[int, dict[int, float]] = {}
+        oldest = (self._wall_clock() - STALE_AFTER_INTERVALS * self._interval) * 1e6
+        out = Latest()
         for gpu_id, fields in values.items():
-            row = out.setdefault(int(gpu_id), {})
+            row = out.values.setdefault(int(gpu_id), {})
             for field_id, samples in fields.items():
-                if samples and not samples[-1].isBlank:
-                    row[int(field_id)] = float(samples[-1].value)
+                if not samples or samples[-1].isBlank:
+                    continue  # no value (yet), or none for this GPU
+                sample = samples[-1]
+                if sample.ts < oldest:  # DCGM's sampler stopped updating this field
+                    out.stale += 1
+                    continue
+                row[int(field_id)] = float(sample.value)
         return out
 
     def disconnect(self) -> None:
+        """Close the connection. If a DCGM call is running in another thread (a hung collection), the
+        handle is shut down when that call returns, never under it."""
+        if not self._lock.acquire(timeout=DISCONNECT_WAIT):
+            self._close_pending = True
+            log.warning("dcgm: a DCGM call is still running; the connection is closed when it returns")
+            return
+        try:
+            self._shutdown()
+        finally:
+            self._lock.release()
+
+    def _delete_field_group(self) -> None:
+        field_group, self._field_group = self._field_group, None
+        if field_group is not None:
+            try:
+                field_group.Delete()
+            except Exception as exc:  # the engine may be gone; the group goes with it
+                log.debug("dcgm: deleting the field group failed: %s", exc)
+
+    def _shutdown(self) -> None:
+        """Under the lock: free the field group, then the handle."""
+        if self._handle is not None:
+            self._delete_field_group()
+        self._field_group = None
         handle, self._handle = self._handle, None
-        self._field_group = self._group = self._system = None
+        self._group = self._system = None
         if handle is not None:
             try:
                 handle.Shutdown()

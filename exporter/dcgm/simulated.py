@@ -28,6 +28,7 @@ from .api import (
     FI_PROF_SM_OCCUPANCY,
     DcgmError,
     DcgmGpu,
+    Latest,
 )
 
 # DCGM field id -> key of SimulatedGpus.truth_activity
@@ -119,13 +120,13 @@ class SimulatedDcgm:
         end = now // self._interval * self._interval
         return end - self._interval, end
 
-    def latest(self) -> dict[int, dict[int, float]]:
+    def latest(self) -> Latest:
         with self._lock:
             self._check()
             watched, start = self._watched, self._watch_start
         t0, t1 = self.latest_period()
         if t0 < start:  # no full period sampled since the watch began: DCGM has only blanks
-            return {i: {} for i in range(self.sim.count)}
+            return Latest({i: {} for i in range(self.sim.count)})
         out: dict[int, dict[int, float]] = {}
         for index in range(self.sim.count):
             if self.sim.is_lost(index):  # DCGM keeps the GPU, with blank values
@@ -133,7 +134,7 @@ class SimulatedDcgm:
                 continue
             truth = self.sim.truth_activity(index, t0, t1)
             out[index] = {field: truth[TRUTH_KEYS[field]] for field in watched}
-        return out
+        return Latest(out)
 
     def disconnect(self) -> None:
         with self._lock:

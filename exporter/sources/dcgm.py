@@ -9,8 +9,9 @@ Two ways in, chosen by `dcgm.mode`:
 
 Either way, GPUs are matched to NVML's by UUID, so every series carries the same `gpu` (NVML index)
 and `uuid` as the nvml source's. A GPU that NVML does not know is counted (reason
-dcgm_unknown_gpu) and left out; while NVML knows no GPU at all (disabled, or absent), DCGM's own GPU
-id is used as `gpu`.
+dcgm_unknown_gpu) and left out; while the nvml source runs but has identified no GPU yet, the source
+is down with reason dcgm_waiting_for_nvml (DCGM's ids are not NVML's indexes). Only with the nvml
+source disabled is DCGM's (or dcgm-exporter's) own GPU id used as `gpu`.
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
-
-import httpx
 
 from .. import catalog as c
 from ..config import DcgmConfig
@@ -40,6 +39,7 @@ from ..dcgm.api import (
     FI_PROF_SM_OCCUPANCY,
     PROFILING_FIELDS,
     PROFILING_UNAVAILABLE,
+    STALE_AFTER_INTERVALS,
     DcgmBackend,
     DcgmError,
 )
@@ -64,6 +64,7 @@ METRICS: dict[int, c.Metric] = {
 }
 PROFILING_RETRY_AFTER = 300.0  # seconds before asking again for fields DCGM said it cannot give
 EXPORTER_DEADLINE_SHARE = 0.8  # of dcgm.timeout: the source reports its own clear reason first
+MAX_LOGGED_GPUS = 64  # unknown GPUs logged by UUID, at most (the input is another program's)
 
 # What one reader returns: UUID -> (the tool's own GPU id, {field id: value})
 Readings = dict[str, tuple[str, dict[int, float]]]
@@ -79,7 +80,8 @@ class _BindingsReader:
                       else f"nv-hostengine at {config.hostengine}")
         self._clock = clock
         self._uuids: dict[int, str] | None = None  # DCGM GPU id -> UUID while connected and watching
-        self._unavailable: tuple[float, SourceError] | None = None
+        self._unavailable: tuple[float, str, str] | None = None  # since, reason, message
+        self._stale_logged = False
 
     def read(self, batch: Batch) -> Readings:
         if self._uuids is None:
@@ -93,8 +95,18 @@ class _BindingsReader:
                 raise SourceError(exc.reason, f"lost the connection to {self.where} ({exc}); reconnecting at "
                                   "the next collection") from None
             raise SourceError(exc.reason, f"reading DCGM's latest values failed: {exc}") from None
+        except BaseException:  # whatever else: never keep a connection in an unknown state
+            self._drop()
+            raise
+        if latest.stale:
+            batch.errors.extend(["dcgm_stale_sample"] * latest.stale)
+            if not self._stale_logged:
+                self._stale_logged = True
+                log.warning("dcgm: %d latest sample(s) are older than %g intervals and were left out: DCGM's "
+                            "sampler is not updating them (is nv-hostengine overloaded?)",
+                            latest.stale, STALE_AFTER_INTERVALS)
         out: Readings = {}
-        for gpu_id, values in latest.items():
+        for gpu_id, values in latest.values.items():
             uuid = self._uuids.get(gpu_id)
             if uuid is None:
                 batch.errors.append("dcgm_unknown_gpu")
@@ -104,14 +116,20 @@ class _BindingsReader:
 
     def _start(self) -> None:
         if self._unavailable is not None:
-            since, error = self._unavailable
+            since, reason, message = self._unavailable
             if self._clock() - since < PROFILING_RETRY_AFTER:
-                raise error
+                raise SourceError(reason, message)  # a fresh one each time: no shared traceback
             self._unavailable = None
+        try:
+            self._connect_and_watch()
+        except BaseException:  # DcgmError or not, the handle is closed: nothing leaks
+            self._drop()
+            raise
+
+    def _connect_and_watch(self) -> None:
         try:
             self.backend.connect()
         except DcgmError as exc:
-            self._drop()
             if exc.code == CONNECTION_NOT_VALID:
                 raise SourceError(exc.reason, f"cannot connect to {self.where} ({exc}): is nv-hostengine "
                                   "running (systemctl status nvidia-dcgm)? Or set dcgm.hostengine=embedded") from None
@@ -120,22 +138,21 @@ class _BindingsReader:
             uuids = {gpu.gpu_id: gpu.uuid for gpu in self.backend.gpus()}
             self.backend.watch(PROFILING_FIELDS, self.interval)
         except DcgmError as exc:
-            self._drop()
             if exc.code in PROFILING_UNAVAILABLE:
-                error = SourceError(exc.reason, f"DCGM cannot watch the profiling fields ({exc}): they need a "
-                                    "data-center GPU (Volta or newer), a host engine running as root, and no "
-                                    "other profiler (Nsight) holding the counters; asking again in "
-                                    f"{PROFILING_RETRY_AFTER:g}s")
-                self._unavailable = (self._clock(), error)
-                raise error from None
+                message = (f"DCGM cannot watch the profiling fields ({exc}): they need a data-center GPU "
+                           "(Volta or newer), a host engine running as root, and no other profiler (Nsight) "
+                           f"holding the counters; asking again in {PROFILING_RETRY_AFTER:g}s")
+                self._unavailable = (self._clock(), exc.reason, message)
+                raise SourceError(exc.reason, message) from None
             raise SourceError(exc.reason, f"watching the profiling fields failed: {exc}") from None
         log.info("dcgm: watching %d profiling fields of %d GPU(s) through %s, every %gs",
                  len(PROFILING_FIELDS), len(uuids), self.where, self.interval)
         self._uuids = uuids
+        self._stale_logged = False
 
     def _drop(self) -> None:
         self._uuids = None
-        with contextlib.suppress(DcgmError):
+        with contextlib.suppress(Exception):  # disconnecting is best effort; it must not hide the error
             self.backend.disconnect()
 
     def close(self) -> None:
@@ -148,12 +165,12 @@ class _ExporterReader:
     def __init__(self, config: DcgmConfig) -> None:
         self.url = config.exporter_url
         self.deadline = config.timeout * EXPORTER_DEADLINE_SHARE
-        self._client = httpx.Client(follow_redirects=False, trust_env=False)
+        self._fetcher = scrape.Fetcher(self.url)
         self._logged: set[str] = set()
 
     def read(self, batch: Batch) -> Readings:
         try:
-            text = scrape.fetch(self._client, self.url, self.deadline)
+            text = self._fetcher.fetch(self.deadline)
         except scrape.ScrapeError as exc:
             raise SourceError(exc.reason, str(exc)) from None
         reading = scrape.parse(text)
@@ -165,17 +182,18 @@ class _ExporterReader:
             self._once("mig", f"dcgm: {self.url} has {reading.mig_series} series of MIG instances; only "
                        "whole GPUs are taken", level=logging.INFO)
         if reading.taken == 0:
-            raise SourceError("dcgm_exporter_no_fields", f"{self.url} has no DCGM_FI_PROF_* series: enable "
-                              "the profiling fields in dcgm-exporter's counters file (-f)")
+            raise SourceError("dcgm_exporter_no_fields", f"{self.url} has no DCGM_FI_PROF_* series: its "
+                              "counters file lists none (dcgm-exporter's default-counters.csv has none); run "
+                              "it with -f etc/dcp-metrics-included.csv or a counters file that adds them")
         return {uuid: (reading.gpu_ids[uuid], values) for uuid, values in reading.values.items()}
 
     def _once(self, key: str, message: str, level: int = logging.WARNING) -> None:
-        if key not in self._logged:
+        if key not in self._logged:  # keys are our own reasons: a small, fixed set
             self._logged.add(key)
             log.log(level, "%s", message)
 
     def close(self) -> None:
-        self._client.close()
+        self._fetcher.close()
 
 
 class DcgmSource:
@@ -187,8 +205,12 @@ class DcgmSource:
         backend: DcgmBackend | None = None,
         inventory: GpuInventory | None = None,
         clock: Callable[[], float] = time.monotonic,
+        nvml_enabled: bool | None = None,
     ) -> None:
+        """`nvml_enabled`: whether the nvml source runs and fills `inventory` (default: whether an
+        inventory was given). Only without it are GPUs labelled by DCGM's (or dcgm-exporter's) own ids."""
         self.mode = config.mode
+        self.nvml_enabled = inventory is not None if nvml_enabled is None else nvml_enabled
         self.inventory = inventory or GpuInventory()
         self._reader: _BindingsReader | _ExporterReader
         if config.mode == "exporter":
@@ -205,15 +227,19 @@ class DcgmSource:
         batch = Batch()
         readings = self._reader.read(batch)
         known = self.inventory.snapshot()
+        if self.nvml_enabled and not known:
+            # DCGM's ids are not NVML's: labelling by them now would put the values on the wrong `gpu`
+            raise SourceError("dcgm_waiting_for_nvml", "the nvml source has not identified this node's GPUs "
+                              "yet; DCGM's values are matched to them by UUID once it has")
         if not known and readings and not self._own_ids_logged:
             self._own_ids_logged = True
-            log.info("dcgm: NVML has identified no GPU (yet); labelling GPUs by DCGM's own GPU ids")
+            log.info("dcgm: the nvml source is disabled; labelling GPUs by DCGM's own GPU ids")
         rows: list[tuple[str, str, dict[int, float]]] = []
         for uuid, (own_id, values) in readings.items():
-            index = known.get(uuid) if known else (own_id or None)
+            index = known.get(uuid) if self.nvml_enabled else (own_id or None)
             if index is None:
                 batch.errors.append("dcgm_unknown_gpu")
-                if uuid not in self._unknown_logged:
+                if uuid not in self._unknown_logged and len(self._unknown_logged) < MAX_LOGGED_GPUS:
                     self._unknown_logged.add(uuid)
                     log.warning("dcgm: GPU %s (DCGM id %s) is not one of this node's GPUs as NVML sees them; "
                                 "its series are left out", uuid, own_id)
