@@ -50,6 +50,46 @@ def _gpu_memory(s: RulesSettings) -> list[Rule]:
     ]
 
 
+PIPES = ("tensor", "fp16", "fp32", "fp64")
+
+
+def _gpu_activity(s: RulesSettings) -> list[Rule]:
+    """What the GPU did with its time, from DCGM's profiling ratios (absent without the dcgm source)."""
+    c, w = s.cluster_label, s.windows[0]
+    sm, dram = f"gpu:goodput_gpu_sm_active_ratio:avg{w}", f"gpu:goodput_gpu_dram_active_ratio:avg{w}"
+    pipe = f"gpu:goodput_gpu_pipe_active_ratio:max_avg{w}"
+    cls = f"gpu:goodput_gpu_activity_class:avg{w}"
+    pipes = "\n  or\n".join(f'  label_replace(avg_over_time(goodput_gpu_{p}_active_ratio[{w}]), "pipe", "{p}", "", "")'
+                            for p in PIPES)
+
+    def member(expr: str, name: str) -> str:
+        return f'label_replace(({expr}) * 0 + 1, "class", "{name}", "", "")'
+
+    return [
+        {"record": sm, "expr": f"avg_over_time(goodput_gpu_sm_active_ratio[{w}])"},
+        {"record": dram, "expr": f"avg_over_time(goodput_gpu_dram_active_ratio[{w}])"},
+        # the busiest math pipe, whichever it is
+        {"record": pipe, "expr": f"max without (pipe) (\n{pipes}\n)"},
+        # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
+        # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
+        # latency, launch or synchronization bound). Value 1, so averages give shares.
+        {"record": cls,
+         "expr": f"{member(f'{sm} < {s.underused_sm_active_ratio:g}', 'underused')}\n"
+                 f"or ignoring (class)\n{member(f'{pipe} >= {s.compute_bound_pipe_ratio:g}', 'compute_bound')}\n"
+                 f"or ignoring (class)\n{member(f'{dram} >= {s.memory_bound_dram_ratio:g}', 'memory_bound')}\n"
+                 f"or ignoring (class)\n{member(sm, 'other')}"},
+        # per workload (GPUs attributed by goodput_gpu_workload_info): the share of its GPUs in each class
+        {"record": f"workload:goodput_gpu_activity_class_ratio:avg{w}",
+         "expr": f"sum by ({c}, workload, class) (\n"
+                 f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"  * on ({c}, {s.node_label}, uuid) group_left (class) {cls}\n)\n"
+                 f"/ ignoring (class) group_left ()\n"
+                 f"count by ({c}, workload) (\n"
+                 f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"  * on ({c}, {s.node_label}, uuid) group_left () {sm}\n)"},
+    ]
+
+
 def _level(s: RulesSettings, level: str) -> list[Rule]:
     by = {"node": f"{s.cluster_label}, {s.node_label}", "cluster": s.cluster_label}[level]
     w = s.windows[0]
@@ -170,6 +210,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
     groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
+        {"name": "goodput.gpu_activity", "rules": _gpu_activity(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
         {"name": "goodput.workload", "rules": _workload(s)},

@@ -46,6 +46,15 @@ class RulesSettings(BaseModel):
     memory_predict_window: str = Field("30m", description="History predict_linear() fits GPU memory on.")
     memory_predict_horizon: str = Field("1h", description="How far ahead GPU memory use is predicted.")
     goodput_trend_window: str = Field("1h", description="Window of deriv() over the short-window goodput.")
+    underused_sm_active_ratio: float = Field(
+        0.5, gt=0, le=1, description="Activity class: a GPU whose SMs were active less than this share of "
+        "the short window is underused (DCGM's guidance: below 0.5 the GPU is used ineffectively).")
+    compute_bound_pipe_ratio: float = Field(
+        0.5, gt=0, le=1, description="Activity class: a busier GPU whose tensor or FP16/32/64 pipes were active "
+        "at least this share is compute-bound.")
+    memory_bound_dram_ratio: float = Field(
+        0.5, gt=0, le=1, description="Activity class: a busier GPU, not compute-bound, whose memory interface "
+        "was active at least this share is memory-bound.")
     # --- alerts -----------------------------------------------------------------------------------
     runbook_base_url: str = Field(
         "https://github.com/goodput-exporter/goodput-exporter/blob/main/docs/runbooks",
