@@ -339,6 +339,11 @@ ATTRIBUTION_PROCESSES = _m(
     "why it was not: unattributed (no launcher variable names one), denied (its environment is not "
     "readable: needs root or CAP_SYS_PTRACE), invisible (not in the exporter's PID namespace: needs "
     "hostPID, or gone).", ("state",), "process")
+DECLARATIONS_IGNORED = _m(
+    "goodput_attribution_declarations_ignored_total", Kind.COUNTER, "",
+    "Identities declared over the events socket that were not used, by reason: mixed_identity (a batch "
+    "named several workload/rank pairs, so its sender declares none), pid_reused (a declaration dropped "
+    "because its PID now belongs to another process).", ("reason",), "process")
 
 # --- the exporter itself --------------------------------------------------------------------------
 SRC = ("source",)
