@@ -318,14 +318,17 @@ FR_REJECTED = _m(
 # --- kubelet: which pod each GPU is assigned to ------------------------------------------------
 GPU_POD_INFO = _m(
     "goodput_gpu_pod_info", Kind.INFO, "",
-    "The pod and container the kubelet assigned the GPU to (pod-resources API); one series per "
-    "container, so a GPU shared through MIG or time-slicing has several. Join on uuid; value is always 1.",
-    (*GPU, "pod", "namespace", "container"), "kubelet")
+    "The pod and container the kubelet assigned the GPU to (pod-resources API); one series per container and "
+    "MIG instance. mig_uuid names the MIG instance (MIG-...) when the device is one, and is empty for a whole "
+    "GPU (including a time-sliced or MPS share of one). Join on uuid, aggregating first where a GPU has "
+    "several (max by (instance, uuid, namespace, pod)); value is always 1.",
+    (*GPU, "mig_uuid", "pod", "namespace", "container"), "kubelet")
 KUBELET_SKIPPED = _m(
     "goodput_kubelet_skipped_devices", Kind.GAUGE, "",
-    "Devices in the kubelet's last answer that were not attributed, by reason: unmatched (a GPU resource's "
-    "device id names no GPU NVML sees on this node), invalid (a pod, namespace, container or device id "
-    "that cannot be valid).", ("reason",), "kubelet")
+    "GPU devices in the kubelet's last answer that were not attributed, by reason: unmatched (the device id, "
+    "or the DRA device, names no GPU NVML sees on this node), invalid (its pod, namespace or container name, "
+    "or its device id, cannot be valid). Counted per device, after kubelet.gpu_resources: devices of other "
+    "resources are not counted.", ("reason",), "kubelet")
 
 # --- process: which workload and rank each GPU's processes belong to ------------------------------
 GPU_WORKLOAD_INFO = _m(
@@ -340,6 +343,11 @@ ATTRIBUTION_PROCESSES = _m(
     "why it was not: unattributed (no launcher variable names one), denied (its environment is not "
     "readable: needs root or CAP_SYS_PTRACE), invisible (not in the exporter's PID namespace: needs "
     "hostPID, or gone).", ("state",), "process")
+DECLARATIONS_IGNORED = _m(
+    "goodput_attribution_declarations_ignored_total", Kind.COUNTER, "",
+    "Identities declared over the events socket that were not used, by reason: mixed_identity (a batch "
+    "named several workload/rank pairs, so its sender declares none), pid_reused (a declaration dropped "
+    "because its PID now belongs to another process).", ("reason",), "process")
 
 # --- the exporter itself --------------------------------------------------------------------------
 SRC = ("source",)

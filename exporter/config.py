@@ -231,6 +231,14 @@ class DcgmConfig(SourceConfig):
         return value
 
 
+DEFAULT_GPU_RESOURCES = "nvidia.com/gpu,nvidia.com/gpu.*,nvidia.com/mig-*"
+_RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9*?][-A-Za-z0-9_.*?]*/[-A-Za-z0-9_.*?]+")
+
+
+def gpu_resource_patterns(value: str) -> list[str]:
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 class KubeletConfig(SourceConfig):
     enabled: bool = Field(
         False, description="Run this source (off by default, so that nodes outside Kubernetes show no failing "
@@ -241,10 +249,25 @@ class KubeletConfig(SourceConfig):
     socket_path: str = Field(
         "/var/lib/kubelet/pod-resources/kubelet.sock",
         description="The kubelet's pod-resources socket (mount /var/lib/kubelet/pod-resources into the pod).")
-    resource_prefix: str = Field(
-        "nvidia.com/",
-        description="Devices of resources whose name starts with this are GPUs (nvidia.com/gpu, "
-        "nvidia.com/mig-1g.10gb, ...); DRA devices are matched by a GPU-/MIG- UUID in their CDI name.")
+    gpu_resources: str = Field(
+        DEFAULT_GPU_RESOURCES,
+        description="Comma-separated shell-style patterns (*, ?) of the extended resources whose devices are GPUs: "
+        "by default nvidia.com/gpu, its sharing variants (nvidia.com/gpu.shared) and MIG resources "
+        "(nvidia.com/mig-1g.10gb), and not other resources under nvidia.com/ such as the Network Operator's "
+        "SR-IOV and RDMA devices. DRA devices are GPUs when allocated by gpu.nvidia.com or when their CDI "
+        "name is of kind nvidia.com/gpu or names a GPU-/MIG- UUID.")
+
+    @field_validator("gpu_resources")
+    @classmethod
+    def _check_gpu_resources(cls, value: str) -> str:
+        patterns = gpu_resource_patterns(value)
+        if not patterns:
+            raise ValueError("name at least one resource pattern, e.g. nvidia.com/gpu")
+        for pattern in patterns:
+            if not _RESOURCE_PATTERN.fullmatch(pattern):
+                raise ValueError(f"{pattern!r} is not a resource name pattern such as nvidia.com/gpu or "
+                                 "nvidia.com/mig-*")
+        return value
 
 
 class ProcessConfig(SourceConfig):

@@ -16,12 +16,14 @@ class GpuHolder:
 
 @dataclass(frozen=True)
 class GpuIdentity:
-    """How device plugins may name a GPU: its index, UUID, PCI bus id, or one of its MIG instances."""
+    """How device plugins may name a GPU: its index, UUID, PCI bus id, device minor number
+    (/dev/nvidia<minor>), or one of its MIG instances."""
 
     gpu: str  # index, as in the `gpu` label
     uuid: str
     pci_bus_id: str
     mig_uuids: tuple[str, ...] = ()
+    minor: int | None = None  # None when NVML does not report it
 
 
 class GpuProcessTable:

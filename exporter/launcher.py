@@ -5,7 +5,13 @@ process source (the identity it reads from a GPU process's environment), so that
 the same way:
 
     workload  TORCHELASTIC_RUN_ID (torchrun; its placeholder "none" is ignored), else SLURM_JOB_ID,
-              else MASTER_ADDR:MASTER_PORT (a rendezvous every rank of one job shares)
+              else MASTER_ADDR:MASTER_PORT (a rendezvous every rank of one job shares). A loopback
+              MASTER_ADDR (localhost, 127.x, ::1: the tutorials' default) is shared by unrelated
+              single-node jobs on every node, so it is qualified with the host name:
+              HOST/localhost:29500. Two jobs cannot hold one port on one host at once, so this still
+              names one job. The host is the one the process runs on as it sees itself: a training
+              client in a pod names its pod's host name, the daemon reading a process's environment
+              its own (the node's, with hostNetwork).
     rank      RANK (global rank, torchrun and torch.distributed), else SLURM_PROCID
 
 No dependencies beyond the standard library: training jobs import it through the client.
@@ -13,7 +19,9 @@ No dependencies beyond the standard library: training jobs import it through the
 
 from __future__ import annotations
 
+import ipaddress
 import re
+import socket
 from collections.abc import Mapping
 
 WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"  # what POST /v1/events accepts
@@ -28,15 +36,31 @@ def valid_workload(name: str) -> bool:
     return _WORKLOAD.match(name) is not None
 
 
-def workload_from(env: Mapping[str, str]) -> str | None:
-    """The workload the launcher variables name, or None (absent, or not a valid workload name)."""
+def is_loopback(address: str) -> bool:
+    """localhost, 127.0.0.0/8, ::1 (also bracketed, as in [::1])."""
+    host = address.strip().strip("[]").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def workload_from(env: Mapping[str, str], hostname: str | None = None) -> str | None:
+    """The workload the launcher variables name, or None (absent, or not a valid workload name).
+    `hostname` qualifies a loopback MASTER_ADDR (default: this host's name)."""
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != NO_RUN_ID:
         name = run_id
     elif env.get("SLURM_JOB_ID"):
         name = env["SLURM_JOB_ID"]
     elif env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
-        name = f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}"
+        address = env["MASTER_ADDR"]
+        name = f"{address}:{env['MASTER_PORT']}"
+        if is_loopback(address):
+            host = hostname if hostname is not None else socket.gethostname()
+            name = f"{host.partition('.')[0]}/{name}"
     else:
         return None
     return name if valid_workload(name) else None

@@ -29,3 +29,15 @@ def test_service_path_is_the_kubelets() -> None:
     assert service.full_name == "v1.PodResourcesLister"  # the kubelet serves /v1.PodResourcesLister/List
     fields = {f.name: f.number for f in pb.ContainerDevices.DESCRIPTOR.fields}
     assert fields == {"resource_name": 1, "device_ids": 2, "topology": 3}
+
+
+def test_dra_messages_follow_current_kubernetes() -> None:
+    from exporter.attribution import podresources_v1_pb2 as pb
+
+    dynamic = {f.name: f.number for f in pb.DynamicResource.DESCRIPTOR.fields}
+    assert dynamic == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}  # class_name (1) removed
+    claim = {f.name: f.number for f in pb.ClaimResource.DESCRIPTOR.fields}
+    assert claim == {"cdi_devices": 1, "driver_name": 2, "pool_name": 3, "device_name": 4}
+    # an older kubelet's class_name still decodes (as an unknown field)
+    old = b"\x0a\x03gpu\x12\x05claim"  # class_name="gpu", claim_name="claim"
+    assert pb.DynamicResource.FromString(old).claim_name == "claim"

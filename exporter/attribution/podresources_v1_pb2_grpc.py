@@ -5,8 +5,10 @@ import warnings
 
 from exporter.attribution import podresources_v1_pb2 as exporter_dot_attribution_dot_podresources__v1__pb2
 
-GRPC_GENERATED_VERSION = '1.81.1'
+GRPC_GENERATED_VERSION = '1.64.3'
 GRPC_VERSION = grpc.__version__
+EXPECTED_ERROR_RELEASE = '1.65.0'
+SCHEDULED_RELEASE_DATE = 'June 25, 2024'
 _version_not_supported = False
 
 try:
@@ -16,16 +18,19 @@ except ImportError:
     _version_not_supported = True
 
 if _version_not_supported:
-    raise RuntimeError(
+    warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in exporter/attribution/podresources_v1_pb2_grpc.py depends on'
+        + f' but the generated code in exporter/attribution/podresources_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
+        + f' This warning will become an error in {EXPECTED_ERROR_RELEASE},'
+        + f' scheduled for release on {SCHEDULED_RELEASE_DATE}.',
+        RuntimeWarning
     )
 
 
-class PodResourcesListerStub:
+class PodResourcesListerStub(object):
     """PodResourcesLister is served by the kubelet on /var/lib/kubelet/pod-resources/kubelet.sock.
     """
 
@@ -52,7 +57,7 @@ class PodResourcesListerStub:
                 _registered_method=True)
 
 
-class PodResourcesListerServicer:
+class PodResourcesListerServicer(object):
     """PodResourcesLister is served by the kubelet on /var/lib/kubelet/pod-resources/kubelet.sock.
     """
 
@@ -100,7 +105,7 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
 
 
  # This class is part of an EXPERIMENTAL API.
-class PodResourcesLister:
+class PodResourcesLister(object):
     """PodResourcesLister is served by the kubelet on /var/lib/kubelet/pod-resources/kubelet.sock.
     """
 

@@ -1,9 +1,11 @@
 """Reads what a GPU process's launcher left in /proc/PID/environ and /proc/PID/cgroup.
 
 environ is readable only with ptrace access to the process (same user, or root / CAP_SYS_PTRACE),
-and only for processes in our PID namespace (hostPID in a pod). cgroup is world-readable, so when
-environ is refused a Slurm job id can still come from the job's cgroup (slurmstepd puts every task
-under .../job_<id>/step_<n>/...). Nothing else is guessed.
+and only for processes in our PID namespace (hostPID in a pod). It is the environment the process was
+exec'd with: variables a process sets or changes after exec (os.environ[...] = ... in Python) are not
+visible there, so a job that sets RANK itself must declare it through the client instead. cgroup is
+world-readable, so when environ is refused a Slurm job id can still come from the job's cgroup
+(slurmstepd puts every task under .../job_<id>/step_<n>/...). Nothing else is guessed.
 """
 
 from __future__ import annotations
@@ -36,14 +38,20 @@ class ProcessIdentity:
     rank: int | None = None
 
 
-def parse_environ(data: bytes) -> dict[str, str]:
-    """NUL-separated NAME=value pairs -> the launcher variables among them (others are not kept)."""
+def parse_environ(data: bytes, truncated: bool = False) -> dict[str, str]:
+    """NUL-separated NAME=value pairs -> the launcher variables among them (others are not kept).
+
+    `truncated`: the read stopped at MAX_ENVIRON_BYTES, so the last item may be cut short and is
+    dropped. A name given twice keeps its first value, as getenv() in glibc and os.environ do."""
     out: dict[str, str] = {}
-    for item in data.split(b"\0"):
+    items = data.split(b"\0")
+    if truncated and not data.endswith(b"\0"):
+        items = items[:-1]
+    for item in items:
         name, sep, value = item.partition(b"=")
         if sep:
             key = name.decode("ascii", errors="replace")
-            if key in VARIABLES:
+            if key in VARIABLES and key not in out:
                 out[key] = value.decode("utf-8", errors="replace")
     return out
 
@@ -63,7 +71,8 @@ def read_identity(proc: Path, pid: int) -> ProcessIdentity:
     env: dict[str, str] | None = None
     try:
         with open(base / "environ", "rb") as handle:
-            env = parse_environ(handle.read(MAX_ENVIRON_BYTES))
+            data = handle.read(MAX_ENVIRON_BYTES + 1)
+        env = parse_environ(data[:MAX_ENVIRON_BYTES], truncated=len(data) > MAX_ENVIRON_BYTES)
     except FileNotFoundError:
         return ProcessIdentity(Outcome.INVISIBLE)
     except (PermissionError, ProcessLookupError):

@@ -89,6 +89,10 @@ class NvmlLibrary:
         return _text(pynvml.nvmlDeviceGetPciInfo(handle).busId)
 
     @_translated
+    def device_minor_number(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetMinorNumber(handle))
+
+    @_translated
     def device_utilization_percent(self, handle: Handle) -> int:
         return int(pynvml.nvmlDeviceGetUtilizationRates(handle).gpu)
 

@@ -171,6 +171,7 @@ class _Gpu:
     index: int
     uuid: str
     pci_bus_id: str
+    minor: int  # /dev/nvidia<minor>
     pattern: Pattern
     offset: float  # pattern time = sim time - start + offset
     cpus: frozenset[int]
@@ -229,12 +230,21 @@ class SimulatedGpus:
                 index=i,
                 uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
                 pci_bus_id=f"00000000:{0x18 + 0x10 * i % 0xE0:02X}:00.0",
+                minor=i,
                 pattern=pat,
                 offset=offset,
                 cpus=numa[0] if i < max(1, count // 2) else numa[1],
             ))
 
     # --- ground truth and fault injection (not part of the NVML surface) --------------------------
+
+    def set_minor_numbers(self, minors: list[int]) -> None:
+        """Give the GPUs these device minor numbers (/dev/nvidiaN), in index order: on real nodes the
+        driver's probe order can differ from NVML's PCI-ordered index."""
+        if sorted(minors) != sorted(set(minors)) or len(minors) != len(self._gpus):
+            raise ValueError(f"need {len(self._gpus)} distinct minor numbers, got {minors}")
+        for gpu, minor in zip(self._gpus, minors, strict=True):
+            gpu.minor = minor
 
     def _pattern_time(self, gpu: _Gpu, t: float) -> float:
         return t - self._start + gpu.offset
@@ -404,6 +414,10 @@ class SimulatedGpus:
     def device_pci_bus_id(self, handle: _Gpu) -> str:
         self._check("device_pci_bus_id", handle)
         return handle.pci_bus_id
+
+    def device_minor_number(self, handle: _Gpu) -> int:
+        self._check("device_minor_number", handle)
+        return handle.minor
 
     def _sample_value(self, gpu: _Gpu, end_us: int) -> float:
         t1 = end_us / 1e6

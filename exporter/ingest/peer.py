@@ -7,14 +7,23 @@ it is 0 for a sender in a namespace the daemon cannot see. TCP senders (ingest.l
 no peer PID.
 
 uvicorn has no hook for this: the protocol below reads the credential when a connection is made and
-puts it into each request's ASGI scope["state"]["peer_pid"].
+puts it into each request's ASGI scope["state"]["peer_pid"]. It overrides two methods of uvicorn's
+httptools protocol (an internal class), which is why pyproject.toml pins uvicorn to the releases it
+was verified on.
+
+The PID is only worth binding to NVML's PIDs when the daemon's PID namespace is the host's (hostPID):
+`pid_namespace_is_hosts` says whether it is; the process source ignores declarations otherwise. A PID
+is also reused after its process exits, so a declaration is kept with the process's start time
+(`start_time`) and checked against it when used.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import struct
+from pathlib import Path
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -31,6 +40,44 @@ def peer_pid(sock: socket.socket | None) -> int | None:
     except OSError:
         return None
     return pid if pid > 0 else None
+
+
+def start_time(proc: Path, pid: int) -> int | None:
+    """The start time of `pid` (clock ticks after boot, /proc/PID/stat field 22), or None when gone."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # after the command name, which may hold spaces and ")"
+    try:
+        return int(fields[19])  # fields[0] is field 3 (state)
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_namespace_is_hosts(proc_path: str) -> tuple[bool, str]:
+    """Whether PIDs as the daemon sees them are the host's (those NVML reports), and how that was found.
+
+    Compares /proc/self/ns/pid with <proc_path>/1/ns/pid (the host's init). Reading the latter needs
+    ptrace access to init, which even root lacks without CAP_SYS_PTRACE; then the daemon is in the
+    host's namespace when /proc/self/status NSpid has one entry (the initial PID namespace)."""
+    try:
+        ours = os.readlink("/proc/self/ns/pid")
+    except OSError as exc:
+        return False, f"/proc/self/ns/pid: {exc.strerror}"
+    try:
+        host = os.readlink(os.path.join(proc_path, "1", "ns", "pid"))
+    except OSError:
+        try:
+            status = Path("/proc/self/status").read_text()
+        except OSError as exc:
+            return False, f"/proc/self/status: {exc.strerror}"
+        for line in status.splitlines():
+            if line.startswith("NSpid:"):
+                levels = len(line.split()) - 1
+                return levels == 1, f"NSpid has {levels} level(s)"
+        return False, "no NSpid in /proc/self/status"
+    return ours == host, f"daemon {ours}, host {host}"
 
 
 class PeerCredProtocol(HttpToolsProtocol):

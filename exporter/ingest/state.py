@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import bisect
+import logging
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .. import catalog as c
 from ..exposition import Batch
 from ..sources.base import SourceError
 from .models import LifecycleEvent, PhaseEvent, StepEvent
+from .peer import start_time
+
+log = logging.getLogger(__name__)
 
 ENDED_GRACE = 60.0  # an ended rank's series stay this long, so the last scrape sees its final counts
 
@@ -39,16 +44,40 @@ class _Rank:
     ended_at: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class Declaration:
+    start_time: int  # of the declaring process: a PID reused by another process does not inherit it
+    workload: str
+    rank: str
+
+
+@dataclass(frozen=True)
+class Declarations:
+    """PID -> what its process declared, for live processes and ranks; and declarations not kept, by
+    reason (mixed_identity: one batch named several workloads/ranks; pid_reused: the PID now belongs to
+    another process)."""
+
+    claims: dict[int, tuple[str, str]]
+    ignored: dict[str, int]
+
+
+IGNORED_REASONS = ("mixed_identity", "pid_reused")
+
+
 class IngestState:
     def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time, proc_path: str = "/proc") -> None:
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
         self.idle_timeout = idle_timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
-        self._declared: dict[int, tuple[str, str]] = {}  # sender PID -> the (workload, rank) it last reported
+        # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
+        self._declared: dict[int, Declaration] = {}
+        self._proc = Path(proc_path)
+        self.ignored: Counter[str] = Counter()
+        self._mixed_logged: set[int] = set()
         self.accepted: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
 
@@ -95,14 +124,45 @@ class IngestState:
                 else:
                     rank.ended_at = None
                 self.accepted[event.type] += 1
-            if peer_pid is not None and events:
-                last = events[-1]
-                self._declared[peer_pid] = (last.workload, str(last.rank))
+        if peer_pid is not None and events:
+            self._declare(peer_pid, keys)
 
-    def declared(self) -> dict[int, tuple[str, str]]:
-        """PID -> (workload, rank) that the process declared by reporting it, for live ranks only."""
+    def _declare(self, pid: int, keys: set[tuple[str, str]]) -> None:
+        started = start_time(self._proc, pid)
         with self._lock:
-            return dict(self._declared)
+            if len(keys) != 1:  # e.g. a relay sending for several ranks: it is none of them
+                self._declared.pop(pid, None)
+                self.ignored["mixed_identity"] += 1
+                if pid not in self._mixed_logged:
+                    self._mixed_logged.add(pid)
+                    log.info("ingest: PID %d sent events of %d workload/rank pairs in one batch; it declares "
+                             "no identity", pid, len(keys))
+                return
+            if started is None:
+                return  # gone already
+            (workload, rank), = keys
+            self._declared[pid] = Declaration(started, workload, rank)
+
+    def declared(self) -> Declarations:
+        """What live processes declared by reporting, each checked against its start time on the way."""
+        with self._lock:
+            declared = dict(self._declared)
+        claims: dict[int, tuple[str, str]] = {}
+        stale: list[tuple[int, Declaration]] = []
+        for pid, item in declared.items():
+            now = start_time(self._proc, pid)
+            if now == item.start_time:
+                claims[pid] = (item.workload, item.rank)
+            else:
+                stale.append((pid, item))
+                if now is not None:  # alive, but another process: the PID was reused
+                    self.ignored["pid_reused"] += 1
+        with self._lock:
+            for pid, item in stale:  # gone or reused: forget it (unless it declared again meanwhile)
+                if self._declared.get(pid) is item:
+                    del self._declared[pid]
+            self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
+            return Declarations(claims, dict(self.ignored))
 
     def snapshot(self) -> Batch:
         """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace."""
@@ -113,7 +173,7 @@ class IngestState:
                         if now - r.last_event > self.idle_timeout
                         or (r.ended_at is not None and now - r.ended_at > ENDED_GRACE)]:
                 del self._ranks[key]
-            for pid in [p for p, key in self._declared.items() if key not in self._ranks]:
+            for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
                 del self._declared[pid]  # its rank expired or ended: no ghost attribution
             for key, rank in sorted(self._ranks.items()):
                 cumulative, running = [], 0

@@ -9,11 +9,12 @@ source down and withdraws its series, like any source: an old mapping is never s
 from __future__ import annotations
 
 import logging
+from fnmatch import fnmatchcase
 
 from .. import catalog as c
-from ..attribution.devices import GpuMatcher
-from ..attribution.kubelet import PodResourcesClient, PodResourcesError
-from ..config import KubeletConfig
+from ..attribution.devices import GpuMatcher, Match
+from ..attribution.kubelet import DRA, Assignment, PodResourcesClient, PodResourcesError
+from ..config import KubeletConfig, gpu_resource_patterns
 from ..exposition import Batch
 from ..gpu_processes import GpuProcessTable
 from .base import SourceError
@@ -30,40 +31,56 @@ class KubeletSource:
 
     def __init__(self, config: KubeletConfig, processes: GpuProcessTable) -> None:
         self.processes = processes
-        self.prefix = config.resource_prefix
-        self.client = PodResourcesClient(config.socket_path, deadline=config.timeout * GRPC_SHARE_OF_TIMEOUT)
+        self.patterns = gpu_resource_patterns(config.gpu_resources)
+        self.client = PodResourcesClient(config.socket_path, deadline=config.timeout * GRPC_SHARE_OF_TIMEOUT,
+                                         reconnect_seconds=config.interval)
         self._unmatched_logged: set[str] = set()
+
+    def is_gpu_resource(self, resource: str) -> bool:
+        return any(fnmatchcase(resource, pattern) for pattern in self.patterns)
 
     def collect(self) -> Batch:
         try:
-            assignments, invalid = self.client.list()
+            assignments, invalid = self.client.list(self.is_gpu_resource)
         except PodResourcesError as exc:
             hint = f"; {MISSING_HINT}" if exc.reason == "socket_missing" else ""
             raise SourceError(exc.reason, f"kubelet pod-resources: {exc}{hint}") from None
         matcher = GpuMatcher(self.processes.gpus())
         batch = Batch()
-        rows: set[tuple[str, str, str, str, str]] = set()
-        unmatched: set[str] = set()
+        rows: set[tuple[str, str, str, str, str, str]] = set()
+        unmatched: list[str] = []
         for item in assignments:
-            if item.resource == "dra":
-                if not item.device_id.rpartition("=")[2].lower().startswith(("gpu-", "mig-")):
-                    continue  # a DRA device that is not named by a GPU UUID: not ours to claim
-            elif not item.resource.startswith(self.prefix):
-                continue  # CPUs, NICs, other accelerators
-            gpu = matcher.match(item.device_id)
-            if gpu is None:
-                unmatched.add(item.device_id)
+            found = _match(matcher, item)
+            if found is None:
+                unmatched.append(_describe(item))
                 continue
-            rows.add((gpu.gpu, gpu.uuid, item.pod, item.namespace, item.container))
+            rows.add((found.gpu.gpu, found.gpu.uuid, found.mig_uuid, item.pod, item.namespace, item.container))
         for row in sorted(rows, key=lambda r: (int(r[0]) if r[0].isdigit() else 0, r)):
             batch.add(c.GPU_POD_INFO, row, 1)
-        fresh = unmatched - self._unmatched_logged
+        fresh = set(unmatched) - self._unmatched_logged
         if fresh and len(matcher):
-            log.warning("kubelet: device ids that name no GPU on this node: %s", ", ".join(sorted(fresh)[:10]))
-        self._unmatched_logged = unmatched if len(matcher) else set()
+            log.warning("kubelet: devices that name no GPU on this node: %s", ", ".join(sorted(fresh)[:10]))
+        self._unmatched_logged = set(unmatched) if len(matcher) else set()
         batch.add(c.KUBELET_SKIPPED, ("unmatched",), len(unmatched))
         batch.add(c.KUBELET_SKIPPED, ("invalid",), invalid)
         return batch
 
     def close(self) -> None:
         self.client.close()
+
+
+def _match(matcher: GpuMatcher, item: Assignment) -> Match | None:
+    if item.resource != DRA:
+        return matcher.match(item.device_id)
+    found = matcher.match_dra(item.driver, item.device) if item.device else None
+    for name in item.cdi_names:
+        if found is not None:
+            break
+        found = matcher.match(name)
+    return found
+
+
+def _describe(item: Assignment) -> str:
+    if item.resource == DRA:
+        return f"dra:{item.driver}/{item.device}" if item.device else f"dra:{item.device_id}"
+    return item.device_id

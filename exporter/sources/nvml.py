@@ -68,6 +68,7 @@ class _GpuState:
     xids: dict[int, int] = field(default_factory=dict)
     last_xid: float | None = None
     mig_uuids: tuple[str, ...] = ()
+    minor: int | None = None  # /dev/nvidia<minor>; None when the driver does not say
 
 
 class NvmlSource:
@@ -138,6 +139,7 @@ class NvmlSource:
             raise
         gpu.labels = (str(gpu.index), uuid)
         gpu.info = (str(gpu.index), uuid, model, bus_id, self._driver)
+        gpu.minor = self._optional(gpu, "minor_number", self.backend.device_minor_number)
         self.inventory.record(uuid, str(gpu.index))
 
     def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -198,7 +200,7 @@ class NvmlSource:
         except GpuError as exc:
             self.processes.replace({})  # nothing known about GPU processes now
             raise SourceError(exc.reason, f"NVML call failed: {exc}") from None
-        gpus = tuple(GpuIdentity(g.labels[0], g.labels[1], g.info[3], g.mig_uuids)
+        gpus = tuple(GpuIdentity(g.labels[0], g.labels[1], g.info[3], g.mig_uuids, g.minor)
                      for g in self._gpus if g.labels[1] != UNKNOWN_UUID)
         self.processes.replace({pid: tuple(hs.values()) for pid, hs in holders.items()}, gpus)
         return batch

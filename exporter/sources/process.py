@@ -25,6 +25,8 @@ from .. import catalog as c
 from ..attribution.procenv import Outcome, read_identity
 from ..exposition import Batch
 from ..gpu_processes import GpuProcessTable
+from ..ingest.peer import pid_namespace_is_hosts
+from ..ingest.state import IGNORED_REASONS, Declarations
 
 log = logging.getLogger(__name__)
 
@@ -36,11 +38,16 @@ class ProcessSource:
     name = "process"
 
     def __init__(self, processes: GpuProcessTable, proc_path: str = "/proc",
-                 declared: Callable[[], dict[int, tuple[str, str]]] | None = None) -> None:
+                 declared: Callable[[], Declarations] | None = None) -> None:
         self.processes = processes
         self.proc = Path(proc_path)
-        self._declared = declared or dict
+        self._declared = declared or (lambda: Declarations({}, {}))
         self._logged: dict[int, str] = {}  # pid -> what was last logged about it
+        # the kernel names a sender by its PID in the daemon's namespace; NVML by the host's
+        self.trust_peer_pids, why = pid_namespace_is_hosts(proc_path)
+        if declared is not None and not self.trust_peer_pids:
+            log.warning("process: the exporter is not in the host's PID namespace (%s): declarations over the "
+                        "events socket are not bound to GPU processes; run it with hostPID", why)
 
     def _note(self, pid: int, key: str, level: int, message: str, *args: object) -> None:
         if self._logged.get(pid) != key:
@@ -49,7 +56,8 @@ class ProcessSource:
 
     def collect(self) -> Batch:
         table = self.processes.snapshot()
-        declared = self._declared()
+        declarations = self._declared()
+        declared = declarations.claims if self.trust_peer_pids else {}
         states: Counter[str] = Counter()
         rows: set[tuple[str, str, str, str]] = set()
         for pid, holders in table.items():
@@ -82,6 +90,8 @@ class ProcessSource:
             batch.add(c.GPU_WORKLOAD_INFO, row, 1)
         for state in STATES:
             batch.add(c.ATTRIBUTION_PROCESSES, (state,), states[state])
+        for reason in IGNORED_REASONS:
+            batch.add(c.DECLARATIONS_IGNORED, (reason,), declarations.ignored.get(reason, 0))
         return batch
 
     def close(self) -> None:
