@@ -90,6 +90,38 @@ def _gpu_activity(s: RulesSettings) -> list[Rule]:
     ]
 
 
+def _attribution(s: RulesSettings) -> list[Rule]:
+    """Per workload and per namespace, through who holds each GPU (goodput_gpu_workload_info from the
+    processes, goodput_gpu_pod_info from the kubelet)."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
+    held = {"workload": "goodput_gpu_workload_info", "namespace": "goodput_gpu_pod_info"}
+    rules: list[Rule] = [
+        # the info series is the many side: a GPU held by two workloads (or MIG slices of two
+        # namespaces) counts for each
+        {"record": f"{level}:goodput_gpu_idle_ratio:rate{w}",
+         "expr": f"avg by ({c}, {level}) (\n  max by ({c}, {n}, uuid, {level}) ({info})\n"
+                 f"  * on ({c}, {n}, uuid) group_left () {idle}\n)"}
+        for level, info in held.items()]
+    phases = f"workload:goodput_phase_seconds:rate{w}"
+    ns = "workload:goodput_namespace:info"
+    rules += [
+        # the namespace of each workload's GPUs; one per workload (a workload is one job, in one namespace)
+        {"record": ns,
+         "expr": f"topk by ({c}, workload) (1,\n  max by ({c}, workload, namespace) (\n"
+                 f"    max by ({c}, {n}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"    * on ({c}, {n}, uuid) group_left (namespace)\n"
+                 f"      topk by ({c}, {n}, uuid) (1, max by ({c}, {n}, uuid, namespace) (goodput_gpu_pod_info))\n"
+                 "  )\n)"},
+        {"record": f"namespace:goodput_ratio:rate{w}",
+         "expr": f'sum by ({c}, namespace) (\n  {phases}{{phase="compute"}}\n'
+                 f"  * on ({c}, workload) group_left (namespace) {ns}\n)\n"
+                 f"/ (sum by ({c}, namespace) (\n  sum without (phase) ({phases})\n"
+                 f"  * on ({c}, workload) group_left (namespace) {ns}\n) > 0)"},
+    ]
+    return rules
+
+
 def _level(s: RulesSettings, level: str) -> list[Rule]:
     by = {"node": f"{s.cluster_label}, {s.node_label}", "cluster": s.cluster_label}[level]
     w = s.windows[0]
@@ -104,9 +136,12 @@ def _gpu_long(s: RulesSettings, long: str) -> list[Rule]:
     # For the allocation split this is the mean over the short windows in which the GPU was
     # allocated (or not): a GPU allocated half the hour shows in both, each over its own half.
     short = s.windows[0]
-    return [{"record": f"{level}:goodput_gpu_{kind}_ratio:rate{long}",
-             "expr": f"avg_over_time({level}:goodput_gpu_{kind}_ratio:rate{short}[{long}])"}
-            for level in ("gpu", "node", "cluster") for kind in IDLE_KINDS]
+    rules = [{"record": f"{level}:goodput_gpu_{kind}_ratio:rate{long}",
+              "expr": f"avg_over_time({level}:goodput_gpu_{kind}_ratio:rate{short}[{long}])"}
+             for level in ("gpu", "node", "cluster") for kind in IDLE_KINDS]
+    return rules + [{"record": f"{level}:goodput_gpu_idle_ratio:rate{long}",
+                     "expr": f"avg_over_time({level}:goodput_gpu_idle_ratio:rate{short}[{long}])"}
+                    for level in ("workload", "namespace")]
 
 
 def _goodput(phases: str, w: str) -> list[Rule]:
@@ -215,6 +250,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
+        {"name": "goodput.attribution", "rules": _attribution(s)},
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
     for long in s.windows[1:]:
