@@ -50,6 +50,9 @@ def main() -> None:
     for key in ("data_wait", "compute", "comm_wait", "step"):
         measured[f"{key}_inner"] = measured[f"{key}_outer"] = 0.0
     iterator = iter(telemetry.data_wait(loader))
+    # start the loop together: a rank that set up faster would otherwise wait out the other's start-up
+    # in its first all-reduce, which on a loaded machine can outweigh the slow rank's data waits
+    dist.barrier()
     for _ in range(STEPS):
         step_outer = time.perf_counter()
         with telemetry.step() as step:
