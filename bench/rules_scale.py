@@ -11,6 +11,9 @@ holds 4x as many samples, which the results table says next to the figures. Each
 `evaluationTime` is read from /api/v1/rules over 12 evaluations: the first (cold blocks read from disk)
 apart, then the median and the worst of the last 8. Run alone with `python bench/rules_scale.py`.
 
+Every GPU also reports DCGM's activity ratios (the dcgm source on), and the ranks' GPUs carry the
+attribution info series (workload and pod), so the groups reading them cost what they would.
+
 The long-window (1h) groups average what the short-window (5m) rules recorded, so the history also
 holds an hour of those recorded series, as a Prometheus that has run the rules for an hour would: the
 names are read from the long groups' expressions and the label sets follow the fleet; their values
@@ -48,10 +51,12 @@ WORKLOADS = 100
 RANKS = 64
 STEP = 60  # seconds between samples: a 1h window holds 60 (at a 15 s scrape it would hold 240)
 HISTORY = 62 * 60
-AHEAD = 240  # the history ends this long after it is started: writing and converting it takes 2-3 minutes
+AHEAD = 300  # the history ends this long after it is started: writing and converting it takes 2-3 minutes
 EVALUATIONS = 12  # the first few read cold blocks from disk: reported apart from the rest
 COLD = 4
 EVAL_INTERVAL = 10
+NAMESPACES = 20  # the workloads' pods are spread over this many namespaces
+DCGM_RATIOS = {"sm": 0.9, "dram": 0.4, "tensor": 0.6, "fp16": 0.1, "fp32": 0.2, "fp64": 0.0}  # x busy
 
 
 @dataclass
@@ -92,6 +97,8 @@ def _recorded_labels(name: str) -> list[str]:
         return [f'instance="node{node}:9445"' for node in range(NODES)]
     if level == "cluster":
         return [""]
+    if level == "namespace":
+        return [f'namespace="team{n}"' for n in range(NAMESPACES)]
     if level == "workload" and metric == "goodput_phase_seconds":
         return [f'workload="job{w}",phase="{p}"' for w in range(WORKLOADS)
                 for p in ("compute", "data_wait", "comm_wait", "checkpoint", "startup", "other")]
@@ -130,7 +137,9 @@ def _write_history(path: Path, now: int, long_inputs: list[str]) -> tuple[int, i
                              ("goodput_step_duration_seconds_count", "gauge"),
                              ("goodput_collective_last_seq", "gauge"),
                              ("goodput_collective_oldest_inflight_seconds", "gauge"),
-                             ("goodput_flight_recorder_dump_timestamp_seconds", "gauge")):
+                             ("goodput_flight_recorder_dump_timestamp_seconds", "gauge"),
+                             *((f"goodput_gpu_{name}_active_ratio", "gauge") for name in DCGM_RATIOS),
+                             ("goodput_gpu_workload_info", "gauge"), ("goodput_gpu_pod_info", "gauge")):
             out.write(f"# TYPE {family} {kind}\n")
             for node in range(NODES):
                 inst = f'instance="node{node}:9445",job="goodput-exporter"'
@@ -162,6 +171,15 @@ def _write_history(path: Path, now: int, long_inputs: list[str]) -> tuple[int, i
                                 counter(f"{family}_total", f'{labels},reason="{reason}"', 0.01)
                         elif family == "goodput_gpu_xid_errors" and gpu == 0 and node % 100 == 0:
                             counter(f"{family}_total", f'{labels},xid="79"', 0)
+                        elif family.endswith("_active_ratio"):  # the dcgm source, on every GPU
+                            gauge(family, labels, round(busy * DCGM_RATIOS[family[len("goodput_gpu_"):-13]], 3))
+                        elif family.endswith("_info") and node * GPUS_PER_NODE + gpu < WORKLOADS * RANKS:
+                            workload, rank = divmod(node * GPUS_PER_NODE + gpu, RANKS)  # the ranks' GPUs
+                            if family == "goodput_gpu_workload_info":
+                                gauge(family, f'{labels},workload="job{workload}",rank="{rank}"', 1)
+                            else:
+                                gauge(family, f'{labels},mig_uuid="",pod="job{workload}-{rank}",'
+                                      f'namespace="team{workload % NAMESPACES}",container="train"', 1)
             if not family.startswith(("goodput_phase", "goodput_steps", "goodput_tokens", "goodput_step_",
                                       "goodput_collective", "goodput_flight")):
                 continue
@@ -286,7 +304,10 @@ def run() -> Result:
                             rule_times.setdefault(rule["name"], []).append(rule["evaluationTime"])
         for rule, expected in (("gpu:goodput_gpu_idle_ratio:rate1h", NODES * GPUS_PER_NODE),
                                ("node:goodput_gpu_idle_ratio:rate5m", NODES),
-                               ("workload_rank:goodput_straggler_ratio:rate5m", WORKLOADS * RANKS)):
+                               ("workload_rank:goodput_straggler_ratio:rate5m", WORKLOADS * RANKS),
+                               ("gpu:goodput_gpu_activity_class:avg5m", NODES * GPUS_PER_NODE),
+                               ("workload:goodput_gpu_idle_ratio:rate5m", WORKLOADS),
+                               ("namespace:goodput_ratio:rate5m", NAMESPACES)):
             check = _query(port, f"count({rule})")
             assert check and float(check[0]["value"][1]) == expected, (rule, check)
         for name in long_inputs:  # every series a short group records had a full hour behind it
