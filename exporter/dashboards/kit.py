@@ -194,4 +194,4 @@ def of_workload_gpus(expr: str, names: Names) -> str:
     goodput_gpu_workload_info; `max by` keeps the right side unique when several ranks share a GPU)."""
     return (f"{expr} * on ({names.node}, uuid) group_left () "
             f'max by ({names.node}, uuid) (goodput_gpu_workload_info{{{names.cluster}=~"$cluster", '
-            f'workload=~"$workload"}})')
+            f'{names.node}=~"$node", workload=~"$workload"}})')
