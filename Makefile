@@ -12,9 +12,14 @@ DEMO_FAULTS ?=
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick).
 APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
+# Node.js and npm turn @grafana/schema's TypeScript types into the JSON schema the dashboard tests validate
+# against (make dashboard-schema); installed only where no node/npm is on the PATH.
+NODE_PACKAGES := nodejs npm
+GRAFANA_SCHEMA_DIR := tests/grafana_schema
+GRAFANA_SCHEMA := $(GRAFANA_SCHEMA_DIR)/dashboard.schema.json
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs rules deps venv clean flight-dumps proto
+.PHONY: demo test bench lint docs rules dashboards dashboard-schema deps venv clean flight-dumps proto
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +35,11 @@ deps:
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	    --no-install-recommends $(APT_PACKAGES) >/dev/null; \
 	fi
+	@if ! command -v node >/dev/null || ! command -v npm >/dev/null; then \
+	  echo "installing Debian packages: $(NODE_PACKAGES)"; \
+	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
+	    --no-install-recommends $(NODE_PACKAGES) >/dev/null; \
+	fi
 
 demo: deps venv
 	$(BIN)/goodput-exporter demo --exporter-address $(DEMO_ADDRESS) --workdir $(DEMO_DIR) \
@@ -38,7 +48,7 @@ demo: deps venv
 lint: venv
 	$(BIN)/ruff check exporter tests bench
 
-test: deps venv lint
+test: deps venv lint dashboard-schema
 	$(BIN)/pytest -q
 
 bench: deps venv
@@ -52,6 +62,20 @@ docs: venv
 rules: venv
 	$(BIN)/goodput-exporter rules --out rules
 
+# Regenerate dashboards/ from exporter/dashboards/ (grafana-foundation-sdk); a test fails when they are stale.
+dashboards: venv
+	$(BIN)/python -m exporter.dashboards --out dashboards
+
+# The JSON schema of Grafana's dashboard model, generated from the pinned @grafana/schema's TypeScript types by
+# the pinned ts-json-schema-generator (both in $(GRAFANA_SCHEMA_DIR)/package-lock.json); ignored by git.
+dashboard-schema: $(GRAFANA_SCHEMA)
+
+$(GRAFANA_SCHEMA): $(GRAFANA_SCHEMA_DIR)/package.json $(GRAFANA_SCHEMA_DIR)/package-lock.json
+	cd $(GRAFANA_SCHEMA_DIR) && npm ci --no-audit --no-fund --loglevel=error \
+	  && npx --no-install ts-json-schema-generator --no-type-check --type Dashboard \
+	    --path node_modules/@grafana/schema/dist/esm/raw/dashboard/x/dashboard_types.gen.d.ts --out $(@F).tmp \
+	  && mv $(@F).tmp $(@F)
+
 # Regenerate the kubelet pod-resources gRPC modules from the committed .proto (grpcio-tools, test extra);
 # a test fails when the committed modules are stale.
 PROTO := exporter/attribution/podresources_v1.proto
@@ -64,4 +88,4 @@ flight-dumps: venv
 	$(BIN)/python tests/flight/generate.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache bench/.work *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache bench/.work *.egg-info $(GRAFANA_SCHEMA_DIR)/node_modules $(GRAFANA_SCHEMA)

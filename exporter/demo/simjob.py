@@ -35,6 +35,7 @@ class _Collective:
     seq: int
     created_ns: int
     completed: bool = False
+    duration_ms: float | None = None  # as NCCL times a completed op with TORCH_NCCL_ENABLE_TIMING=1
 
 
 @dataclass
@@ -119,6 +120,7 @@ class SimulatedJob:
                     break
                 with self._lock:
                     collective.completed = True
+                    collective.duration_ms = (time.perf_counter() - entered) * 1000
                     state.completed = collective.seq
                 telemetry.record_phase("comm_wait", time.perf_counter() - entered)
                 telemetry.record_step(time.perf_counter() - started, tokens=TOKENS_PER_STEP, samples=8)
@@ -138,7 +140,7 @@ class SimulatedJob:
                 "output_sizes": [[GRADIENT_FLOATS]], "output_dtypes": ["Float"],
                 "state": "completed" if c.completed else "started",
                 "time_discovered_started_ns": c.created_ns, "time_discovered_completed_ns": None,
-                "retired": c.completed, "timeout_ms": 600_000, "is_p2p": False,
+                "retired": c.completed, "timeout_ms": 600_000, "is_p2p": False, "duration_ms": c.duration_ms,
                 "thread_id": str(rank), "thread_name": "pt_main_thread",
             } for c in state.collectives]
             enqueued, completed = state.enqueued, state.completed

@@ -38,6 +38,7 @@ DEMO_SETTINGS = RulesSettings(
     dump_stale_seconds=60, rank_missing_for="5s", throttle_for="30s", memory_exhaustion_for="30s",
     exporter_down_for="20s", source_failing_for="20s")
 WORKLOAD = "demo-job"
+CLUSTER = "demo"
 
 
 class StackError(Exception):
@@ -165,8 +166,9 @@ class Stack:
             "rule_files": [str(rules / "*.rules.yml")],
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
+            # the cluster label that rules and dashboards group by; a real setup sets it by relabeling
             "scrape_configs": [{"job_name": self.settings.exporter_job, "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports.exporter}"]}]}],
+                {"targets": [f"127.0.0.1:{self.ports.exporter}"], "labels": {self.settings.cluster_label: CLUSTER}}]}],
         }
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))

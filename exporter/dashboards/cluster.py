@@ -1,0 +1,95 @@
+"""Level 1, Cluster overview: is the cluster doing useful work, and where to look first."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from .kit import LEVELS, Filters, Names, new_dashboard, row, stat_panel, table_panel, timeseries_panel
+
+LEVEL = LEVELS[0]
+HARD_LIMITS = 'reason=~"power|thermal|board_limit|reliability"'
+UNCORRECTED = 'error_type="uncorrected"'
+
+
+def build(names: Names) -> Dashboard:
+    f = Filters(names)
+    s = names.settings
+    goodput = names.rule("workload", "goodput_ratio", "rate")
+    idle = {kind: names.rule("cluster", f"goodput_gpu_idle{kind}_ratio", "rate")
+            for kind in ("", "_while_allocated", "_unallocated")}
+    d = new_dashboard(LEVEL, names).with_row(row("Goodput"))
+    d = d.with_panel(stat_panel(
+        "Goodput", "Share of accounted job time spent computing, averaged over the workloads (compute seconds "
+        "over all phase seconds the jobs report). Low means time goes to data waits, communication, checkpoints "
+        "or restarts: open the Workload dashboard to see which phase.",
+        "percentunit", [(f"avg({goodput}{f()})", "")]))
+    d = d.with_panel(stat_panel(
+        "Tokens per second", "Tokens all workloads processed per second. A drop with unchanged GPU count means "
+        "the jobs slowed down (stragglers, hangs, data stalls) or stopped.",
+        "short", [(f"sum({names.rule('workload', 'goodput_tokens', 'rate')}{f()})", "")]))
+    d = d.with_panel(stat_panel(
+        "Idle while allocated", "Share of time no kernel ran on GPUs a process holds. High means jobs hold GPUs "
+        "they do not keep busy (input pipeline, communication, host); see levels 2 and 3.",
+        "percentunit", [(f"{idle['_while_allocated']}{f()}", "")]))
+    d = d.with_panel(stat_panel(
+        "Idle unallocated", "Share of time no kernel ran on GPUs no process holds: capacity nobody uses. High "
+        "means the scheduler leaves GPUs empty.",
+        "percentunit", [(f"{idle['_unallocated']}{f()}", "")]))
+    d = d.with_panel(stat_panel(
+        "Straggling ranks", f"Ranks whose own time per step is over {s.straggler_ratio:g}x their workload's "
+        "median rank (the GoodputStraggler threshold). Above 0: one slow rank holds the whole job back.",
+        "none", [(f"count({names.rule('workload_rank', 'goodput_straggler_ratio', 'rate')}{f()} "
+                  f"> {s.straggler_ratio:g})", "")], no_value="0"))
+    d = d.with_panel(stat_panel(
+        "Hung collectives", f"Process groups whose oldest in-flight collective has waited over "
+        f"{s.collective_hang_seconds:g}s (the GoodputCollectiveHang threshold). Above 0: a job is stuck; open "
+        "Collectives and network.",
+        "none", [(f"count(workload_pg:goodput_collective_oldest_inflight_seconds:max{f()} "
+                  f"> {s.collective_hang_seconds:g})", "")], no_value="0"))
+    d = d.with_row(row("GPU health"))
+    d = d.with_panel(stat_panel(
+        "GPUs with an XID in the last hour", "GPUs that reported an XID error event in the last hour. Any "
+        "critical XID (e.g. 79 fallen off the bus, 48 double-bit ECC) usually needs the job restarted elsewhere.",
+        "none", [(f"count(goodput_gpu_last_xid_timestamp_seconds{f()} > time() - 3600)", "")], no_value="0"))
+    d = d.with_panel(stat_panel(
+        "Uncorrected ECC errors", "Uncorrected ECC memory errors per second across the cluster. Above 0 means "
+        "corrupted results or a crash to come: drain the GPU.",
+        "cps", [(f"sum(rate(goodput_gpu_ecc_errors_total{f(UNCORRECTED)}[$__rate_interval]))", "")], no_value="0"))
+    d = d.with_panel(stat_panel(
+        "Throttled GPUs", f"GPUs whose clocks power, thermal, board or reliability limits held down over "
+        f"{s.throttle_ratio:.0%} of the time. Above 0: the silicon runs slower than bought; see Kernels and silicon.",
+        "none", [(f"count(sum by ({names.node}, uuid) (rate(goodput_gpu_clock_throttle_seconds_total"
+                  f"{f(HARD_LIMITS)}[$__rate_interval])) > {s.throttle_ratio:g})", "")], no_value="0"))
+    d = d.with_panel(stat_panel(
+        "Lost GPUs", "GPUs NVML no longer answers for (fallen off the bus, need a reset). Above 0: the jobs on "
+        "them have failed or will.",
+        "none", [(f"count(goodput_gpu_up{f()} == 0)", "")], no_value="0"))
+    d = d.with_panel(stat_panel(
+        "GPUs allocated", "Share of GPUs at least one compute process holds. Low with queued work means "
+        "scheduling or fragmentation leaves GPUs empty.",
+        "percentunit", [(f"avg(cluster:goodput_gpu_allocated_ratio:avg{f()})", "")]))
+    d = d.with_panel(stat_panel(
+        "Exporters up", "Exporters whose every source collected successfully last time, over all exporters. "
+        "Below 100% means some nodes' numbers are missing or stale.",
+        "percentunit", [(f"avg(min by ({names.cluster}, {names.node}) (goodput_exporter_source_up{f()}))", "")]))
+    d = d.with_row(row("Over time"))
+    d = d.with_panel(timeseries_panel(
+        "Goodput by workload", "Each workload's goodput (compute share of its time) over the short window. A "
+        "step down marks when a job started losing time; the Workload dashboard splits it by phase.",
+        "percentunit", [(f"{goodput}{f()}", "{{workload}}")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "GPU idle share", "Share of time no kernel ran, for all GPUs, allocated ones and unallocated ones. "
+        "Allocated GPUs idling is lost goodput; unallocated idling is unused capacity.",
+        "percentunit", [(f"{idle['']}{f()}", "all GPUs"), (f"{idle['_while_allocated']}{f()}", "allocated"),
+                        (f"{idle['_unallocated']}{f()}", "unallocated")], max_value=1))
+    d = d.with_row(row("Worst first"))
+    d = d.with_panel(table_panel(
+        "Workloads by goodput", "The ten workloads with the lowest goodput now. Start with the top row: open "
+        "the Workload dashboard with it selected.",
+        "percentunit", [(f"bottomk(10, {goodput}{f()})", "")]))
+    d = d.with_panel(table_panel(
+        "Nodes by idle allocated GPUs", "The ten nodes whose allocated GPUs idle the most now. A node far above "
+        "the rest points at its host (input pipeline, CPU, NUMA): open Host and input pipeline for it.",
+        "percentunit", [(f"topk(10, {names.rule('node', 'goodput_gpu_idle_while_allocated_ratio', 'rate')}{f()})",
+                         "")]))
+    return d

@@ -1,0 +1,71 @@
+"""Level 5, Kernels and silicon: are the kernels using the GPU (busy time, clocks, throttling, power, and DCGM's
+SM, tensor and DRAM activity where DCGM or a dcgm-exporter is there)."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from .kit import LEVELS, Filters, Names, new_dashboard, row, timeseries_panel
+
+LEVEL = LEVELS[4]
+
+
+def build(names: Names) -> Dashboard:
+    f = Filters(names, node=True)
+    n = names.node
+    gpu = "{{" + n + "}} GPU {{gpu}}"
+    d = new_dashboard(LEVEL, names, node=True).with_row(row("Busy and clocks (NVML)"))
+    d = d.with_panel(timeseries_panel(
+        "Busy share", "Share of time a kernel ran on each GPU, from the integrated idle counter (exact, not a "
+        "sampled gauge). Low on an allocated GPU is time the job loses; the levels above say why.",
+        "percentunit", [(f"1 - {names.rule('gpu', 'goodput_gpu_idle_ratio', 'rate')}{f()}", gpu)], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "SM clock", "Current SM clock per GPU. Below the GPU's usual boost clock while busy means a limit "
+        "holds it down (see Throttle reasons).",
+        "hertz", [(f"goodput_gpu_sm_clock_hertz{f()}", gpu)]))
+    d = d.with_panel(timeseries_panel(
+        "Throttle reasons", "Share of time clocks were held below target, by reason (NVML violation counters). "
+        "Power or thermal near 1 means the GPU runs slower than it could: check cooling, power caps and "
+        "board limits.",
+        "percentunit", [(f"rate(goodput_gpu_clock_throttle_seconds_total{f()}[$__rate_interval]) > 0",
+                         gpu + " {{reason}}")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "Power and energy", "Board power draw per GPU, and the average power from the energy counter (exact "
+        "between scrapes). Flat at the board's limit while clocks drop is power throttling; far below it "
+        "while busy means the kernels do not load the GPU.",
+        "watt", [(f"goodput_gpu_power_watts{f()}", f"{gpu} now"),
+                 (f"rate(goodput_gpu_energy_joules_total{f()}[$__rate_interval])", f"{gpu} average")]))
+    d = d.with_panel(timeseries_panel(
+        "Temperature", "GPU core temperature. Close to the slowdown temperature (about 85-90 C on data-centre "
+        "GPUs) it comes with thermal throttling.",
+        "celsius", [(f"goodput_gpu_temperature_celsius{f()}", gpu)]))
+    d = d.with_row(row("Activity inside the GPU (DCGM profiling, when present)"))
+    d = d.with_panel(timeseries_panel(
+        "SM active and occupancy", "SM active: share of cycles an SM had a warp resident. Occupancy: warps "
+        "resident over the most the SMs hold. A GPU 'busy' per NVML with low SM activity runs kernels too "
+        "small to fill it. Needs DCGM (source dcgm); empty without it.",
+        "percentunit", [(f"goodput_gpu_sm_active_ratio{f()}", f"{gpu} SM active"),
+                        (f"goodput_gpu_sm_occupancy_ratio{f()}", f"{gpu} occupancy")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "Tensor core active", "Share of cycles the tensor pipes were active. Low in a mixed-precision training "
+        "job means the math runs outside tensor cores (FP32 paths, small or odd shapes). Needs DCGM.",
+        "percentunit", [(f"goodput_gpu_tensor_active_ratio{f()}", gpu)], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "DRAM active", "Share of cycles the memory interface moved data. Near 1 with low tensor activity means "
+        "the kernels are memory-bound. Needs DCGM.",
+        "percentunit", [(f"goodput_gpu_dram_active_ratio{f()}", gpu)], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "FP16, FP32 and FP64 pipes", "Share of cycles each floating-point pipe was active (tensor pipes not "
+        "included). Busy FP32 or FP64 in a job meant for mixed precision means precision was lost on the way. "
+        "Needs DCGM.",
+        "percentunit", [(f"goodput_gpu_fp16_active_ratio{f()}", f"{gpu} fp16"),
+                        (f"goodput_gpu_fp32_active_ratio{f()}", f"{gpu} fp32"),
+                        (f"goodput_gpu_fp64_active_ratio{f()}", f"{gpu} fp64")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "NVLink and PCIe (DCGM)", "Bytes per second over all NVLinks and over PCIe as DCGM measures them "
+        "(averaged over its sampling period; protocol headers included for PCIe). Needs DCGM.",
+        "Bps", [(f"goodput_gpu_nvlink_transmit_bytes_per_second{f()}", f"{gpu} NVLink tx"),
+                (f"goodput_gpu_nvlink_receive_bytes_per_second{f()}", f"{gpu} NVLink rx"),
+                (f"goodput_gpu_pcie_transmit_bytes_per_second{f()}", f"{gpu} PCIe tx"),
+                (f"goodput_gpu_pcie_receive_bytes_per_second{f()}", f"{gpu} PCIe rx")]))
+    return d

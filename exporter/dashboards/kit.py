@@ -1,0 +1,197 @@
+"""Shared parts of the dashboards: variables, panels and queries built with grafana-foundation-sdk,
+with the conventions (lint.py checks them) applied in one place: every panel and query reads the
+`$datasource` variable, every panel has a description and a unit, every query has a refId."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from grafana_foundation_sdk.builders import dashboard as gdash
+from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
+from grafana_foundation_sdk.builders.common import StackingConfig
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
+from grafana_foundation_sdk.models import prometheus as prom_model
+
+from ..rules.settings import RulesSettings
+
+DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
+TAGS = ["goodput", "gpu"]
+# Grafana turns an "All" selection into this regex; an absent label matches it too.
+ALL = ".*"
+
+
+@dataclass(frozen=True)
+class Level:
+    """One dashboard of the funnel: its file name, stable uid, title and what it answers."""
+
+    number: int
+    slug: str
+    title: str
+    answers: str
+
+    @property
+    def uid(self) -> str:
+        return f"goodput-{self.slug}"
+
+    @property
+    def filename(self) -> str:
+        return f"{self.number}-{self.slug}.json"
+
+
+LEVELS = [
+    Level(1, "cluster", "Goodput / 1 Cluster overview",
+          "Is the cluster doing useful work? Goodput, tokens/s, idle GPUs (allocated or not), stragglers, "
+          "hangs, GPU health; the worst workloads and nodes."),
+    Level(2, "collectives", "Goodput / 2 Collectives and network",
+          "Is a workload waiting on its collectives? Sequence lag per rank, oldest in-flight op, missing ranks, "
+          "collective time and bytes by op, NVLink and PCIe throughput."),
+    Level(3, "host", "Goodput / 3 Host and input pipeline",
+          "Is the host starving the GPUs? Data-loader wait, CPU of the GPU processes, NUMA mismatches, "
+          "CPU/IO/memory pressure, PCIe."),
+    Level(4, "memory", "Goodput / 4 GPU memory",
+          "Will a GPU run out of memory? Used vs total per GPU and per process, the trend, predicted exhaustion."),
+    Level(5, "kernels", "Goodput / 5 Kernels and silicon",
+          "Are the kernels using the silicon? Utilization, SM clock, throttle reasons, power vs limit, DCGM SM, "
+          "tensor and DRAM activity."),
+    Level(6, "workload", "Goodput / 6 Workload",
+          "How is one job doing? Goodput and badput by phase, step time per rank, stragglers, collective state."),
+]
+
+
+class Names:
+    """Recording-rule names and label names for one rules setting (the defaults are what dashboards/ ships)."""
+
+    def __init__(self, settings: RulesSettings) -> None:
+        self.settings = settings
+        self.short, self.long = settings.windows[0], settings.windows[-1]
+        self.node = settings.node_label
+        self.cluster = settings.cluster_label
+
+    def rule(self, level: str, metric: str, op: str) -> str:
+        """`rule("gpu", "goodput_gpu_idle_ratio", "rate")` -> gpu:goodput_gpu_idle_ratio:rate5m."""
+        return f"{level}:{metric}:{op}{self.short}"
+
+    def rule_long(self, level: str, metric: str, op: str) -> str:
+        return f"{level}:{metric}:{op}{self.long}"
+
+
+class Filters:
+    """Label matchers of a dashboard's variables, e.g. `cluster=~"$cluster", instance=~"$node"`."""
+
+    def __init__(self, names: Names, node: bool = False, workload: bool = False) -> None:
+        self.names = names
+        self.has_node, self.has_workload = node, workload
+
+    def __call__(self, *extra: str, node: bool | None = None, workload: bool | None = None) -> str:
+        parts = [f'{self.names.cluster}=~"$cluster"']
+        if self.has_node if node is None else node:
+            parts.append(f'{self.names.node}=~"$node"')
+        if self.has_workload if workload is None else workload:
+            parts.append('workload=~"$workload"')
+        return "{" + ", ".join([*parts, *extra]) + "}"
+
+
+def datasource_variable() -> gdash.DatasourceVariable:
+    return gdash.DatasourceVariable("datasource").label("Data source").type("prometheus")
+
+
+def query_variable(name: str, label: str, query: str, multi: bool = True) -> gdash.QueryVariable:
+    return (gdash.QueryVariable(name).label(label).datasource(DATASOURCE).query(query)
+            .refresh(model.VariableRefresh.ON_TIME_RANGE_CHANGED).sort(model.VariableSort.ALPHABETICAL_ASC)
+            .multi(multi).include_all(True).all_value(ALL))
+
+
+def variables(names: Names, node: bool = False, workload: bool = False) -> list[gdash.QueryVariable]:
+    """cluster always; node and workload where the dashboard filters by them. Each narrows the next."""
+    out = [query_variable("cluster", "Cluster", f"label_values(goodput_exporter_build_info, {names.cluster})")]
+    if node:
+        out.append(query_variable(
+            "node", "Node", f'label_values(goodput_exporter_build_info{{{names.cluster}=~"$cluster"}}, {names.node})'))
+    if workload:
+        out.append(query_variable(
+            "workload", "Workload", f'label_values(goodput_steps_total{{{names.cluster}=~"$cluster"}}, workload)'))
+    return out
+
+
+def query(expr: str, legend: str = "", ref: str = "A", instant: bool = False, table_format: bool = False
+          ) -> prometheus.Dataquery:
+    q = prometheus.Dataquery().expr(expr).ref_id(ref).datasource(DATASOURCE).legend_format(legend or "__auto")
+    q = q.instant() if instant else q.range()
+    if table_format:
+        q = q.format(prom_model.PromQueryFormat.TABLE)
+    return q
+
+
+Target = tuple[str, str]  # (expr, legend)
+
+
+def _targets(targets: list[Target], instant: bool = False, table_format: bool = False) -> list[prometheus.Dataquery]:
+    return [query(expr, legend, chr(ord("A") + i), instant, table_format) for i, (expr, legend) in enumerate(targets)]
+
+
+def timeseries_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 12,
+                     height: int = 8, stacked: bool = False, max_value: float | None = None) -> timeseries.Panel:
+    panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .targets(_targets(targets)).span(width).height(height).min(0))
+    if max_value is not None:
+        panel = panel.max(max_value)
+    if stacked:
+        panel = panel.stacking(StackingConfig().mode(common.StackingMode.NORMAL)).fill_opacity(40)
+    return panel
+
+
+def stat_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 4,
+               height: int = 4, no_value: str | None = None) -> stat.Panel:
+    panel = (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .targets(_targets(targets)).span(width).height(height))
+    if no_value is not None:
+        panel = panel.no_value(no_value)
+    return panel
+
+
+def table_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 12,
+                height: int = 8) -> table.Panel:
+    """An instant query shown as a table, one row per series; the value column carries `unit`."""
+    return (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+            .targets(_targets(targets, instant=True, table_format=True)).span(width).height(height)
+            .with_transformation(model.DataTransformerConfig(id_val="organize", options={
+                "excludeByName": {"Time": True}, "renameByName": {"Value": title}})))
+
+
+def link_down(level: Level) -> gdash.DashboardLink:
+    """A link to the next level that carries the time range and every variable."""
+    return (gdash.DashboardLink(f"Down: {level.title.split(' / ', 1)[1]}").type(model.DashboardLinkType.LINK)
+            .url(f"/d/{level.uid}").tooltip(level.answers).icon("arrow-down").include_vars(True).keep_time(True))
+
+
+def link_all() -> gdash.DashboardLink:
+    """A drop-down of every goodput dashboard (by tag), also carrying time range and variables."""
+    return (gdash.DashboardLink("Goodput dashboards").type(model.DashboardLinkType.DASHBOARDS).tags(["goodput"])
+            .as_dropdown(True).include_vars(True).keep_time(True))
+
+
+def new_dashboard(level: Level, names: Names, node: bool = False, workload: bool = False) -> gdash.Dashboard:
+    builder = (gdash.Dashboard(level.title).uid(level.uid).description(level.answers)
+               .tags([*TAGS, level.slug]).editable().time("now-1h", "now").refresh("30s")
+               .tooltip(model.DashboardCursorSync.CROSSHAIR).timezone("browser")
+               .with_variable(datasource_variable()))
+    for variable in variables(names, node, workload):
+        builder = builder.with_variable(variable)
+    links = [link_all()]
+    following = [lv for lv in LEVELS if lv.number == level.number + 1]
+    if following:
+        links.insert(0, link_down(following[0]))
+    return builder.links(links)
+
+
+def row(title: str) -> gdash.Row:
+    return gdash.Row(title)
+
+
+def of_workload_gpus(expr: str, names: Names) -> str:
+    """Keep only the per-GPU series of GPUs that a process of the selected workloads holds (join on uuid with
+    goodput_gpu_workload_info; `max by` keeps the right side unique when several ranks share a GPU)."""
+    return (f"{expr} * on ({names.node}, uuid) group_left () "
+            f'max by ({names.node}, uuid) (goodput_gpu_workload_info{{{names.cluster}=~"$cluster", '
+            f'{names.node}=~"$node", workload=~"$workload"}})')

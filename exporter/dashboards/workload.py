@@ -1,0 +1,79 @@
+"""Level 6, Workload: one job's goodput and badput by phase, its ranks' step times, stragglers, collectives."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.builders.dashboard import Dashboard
+
+from .kit import LEVELS, Filters, Names, new_dashboard, row, stat_panel, table_panel, timeseries_panel
+
+LEVEL = LEVELS[5]
+
+
+def build(names: Names) -> Dashboard:
+    f = Filters(names, workload=True)
+    s = names.settings
+    short, long = names.short, names.long
+    rank = "{{workload}} rank {{rank}}"
+    d = new_dashboard(LEVEL, names, workload=True).with_row(row("Goodput"))
+    d = d.with_panel(stat_panel(
+        f"Goodput ({short})", "Share of the job's accounted time spent computing, over the short window. Low "
+        "means the phases below eat the time.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        f"Goodput ({long})", "The same over the baseline window. Short well below baseline: something changed "
+        "recently (GoodputDrop fires on this).",
+        "percentunit", [(f"{names.rule_long('workload', 'goodput_ratio', 'rate')}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        "Tokens per second", "Tokens the job processes per second over the short window. Compare with the drop "
+        "below.", "short", [(f"{names.rule('workload', 'goodput_tokens', 'rate')}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        f"Tokens/s below the {long} baseline", "How far tokens per second are below the job's own baseline "
+        f"(0.3 = 30% fewer). Above {s.goodput_drop_ratio:g} for long pages as GoodputDrop.",
+        "percentunit", [(f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{long}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(timeseries_panel(
+        "Goodput and badput by phase", "Share of the job's time per phase: compute is goodput; data_wait, "
+        "comm_wait, checkpoint, startup and other are badput. The largest badput band says which level to open: "
+        "data_wait -> Host, comm_wait -> Collectives.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "compute (goodput)"),
+                        (f"{names.rule('workload', 'goodput_badput_ratio', 'rate')}{f()}", "{{phase}}")],
+        stacked=True, max_value=1, width=24))
+    d = d.with_row(row("Ranks"))
+    d = d.with_panel(timeseries_panel(
+        "Step time per rank", "Mean wall time of a step per rank. In synchronous training all ranks meet in the "
+        "all-reduce, so they match; a rise on all of them is the job slowing down.",
+        "s", [(f"{names.rule('workload_rank', 'goodput_step_duration_seconds', 'mean')}{f()}", rank)]))
+    d = d.with_panel(timeseries_panel(
+        "Own time per step per rank", "Each rank's time per step outside communication waits. The straggler is the "
+        "rank with the most own time: the others wait for it in the all-reduce.",
+        "s", [(f"{names.rule('workload_rank', 'goodput_step_own_seconds', 'mean')}{f()}", rank)]))
+    d = d.with_panel(timeseries_panel(
+        "Straggler ratio per rank", f"Each rank's own time per step over the median rank's. Above "
+        f"{s.straggler_ratio:g} for long is a straggler (GoodputStraggler): check that rank's GPU (Kernels and "
+        "silicon) and host.",
+        "none", [(f"{names.rule('workload_rank', 'goodput_straggler_ratio', 'rate')}{f()}", rank)]))
+    d = d.with_panel(timeseries_panel(
+        "Step time p95 per rank", "95th percentile of step time per rank, from the step histogram. Far above the "
+        "mean means occasional slow steps (checkpoints, garbage collection, data hiccups).",
+        "s", [(f"histogram_quantile(0.95, sum by (le, workload, rank) "
+               f"(rate(goodput_step_duration_seconds_bucket{f()}[$__rate_interval])))", rank)]))
+    d = d.with_panel(timeseries_panel(
+        "Time since last event", "Seconds since each rank last reported to the exporter. Growing means the rank "
+        "stopped (hung, crashed, or lost its connection).",
+        "s", [(f"time() - goodput_workload_last_event_timestamp_seconds{f()}", rank)]))
+    d = d.with_panel(timeseries_panel(
+        "Restarts", "Restarts each rank reported in the window. Every restart loses the progress since the last "
+        "checkpoint plus startup time.",
+        "none", [(f"increase(goodput_workload_restarts_total{f()}[$__rate_interval])", rank)]))
+    d = d.with_row(row("Collectives"))
+    d = d.with_panel(timeseries_panel(
+        "Collective lag per rank", "Collectives each rank is behind the furthest rank of its process group. A "
+        "rank that falls behind and stays there is the one the group waits for.",
+        "none", [(f"workload_pg_rank:goodput_collective_lag:behind_max{f()}", rank + " pg {{pg}} {{state}}")]))
+    d = d.with_panel(timeseries_panel(
+        "Oldest in-flight collective per group", "Longest wait of an unfinished collective in each process group. "
+        f"Over {s.collective_hang_seconds:g}s is a hang (GoodputCollectiveHang).",
+        "s", [(f"workload_pg:goodput_collective_oldest_inflight_seconds:max{f()}", "{{workload}} pg {{pg}}")]))
+    d = d.with_panel(table_panel(
+        "Missing ranks", "Ranks that have not joined the collective other ranks wait in: the cause of a hang.",
+        "none", [(f"goodput_collective_missing_rank{f()} == 1", "")], width=24))
+    return d

@@ -1,0 +1,127 @@
+"""No dead panels: every dashboard query, run against a live Prometheus that scraped the demo stack (the daemon
+on simulated GPUs with DCGM on, a simulated 4-rank job writing flight-recorder dumps, faults switched on and
+off), returns data over the run.
+
+The dashboards run here are rendered by the same generator as dashboards/, with the demo's rules settings
+(DEMO_SETTINGS: windows 20s and 2m instead of 5m and 1h, a 20 s hang threshold), so each panel names the rules
+the demo's Prometheus records: workload:goodput_ratio:rate5m becomes workload:goodput_ratio:rate20s,
+...:rate1h becomes ...:rate2m, and so on; test_demo_render_has_the_same_panels checks nothing else differs.
+Grafana's variables are substituted as Grafana would send them: every query variable as All (.*),
+$__rate_interval as the short window (20s), $__interval as 5s."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from exporter.client import Telemetry
+from exporter.dashboards import build
+from exporter.dashboards.kit import LEVELS
+from exporter.dashboards.lint import query_values, substitute, targets, variable_selectors
+from exporter.demo.stack import CLUSTER, DEMO_SETTINGS, WORKLOAD, Ports, Stack
+
+# Panels allowed to stay empty in the demo, each with the reason; the test fails if one of them shows data
+# (then it belongs checked like the rest) or if any other panel is empty.
+ALLOWED_EMPTY: dict[tuple[str, str], str] = {}
+
+SETTLE_SECONDS = 20  # the short window filled, so the 20s rules have values
+SKIP_SECONDS = 25  # rank 1 skips a collective this long: past the demo's 20 s hang threshold
+
+
+def demo_dashboards() -> list[dict[str, Any]]:
+    return [build(level, DEMO_SETTINGS) for level in LEVELS]
+
+
+def test_demo_render_has_the_same_panels() -> None:
+    """The demo render differs from the committed dashboards only in window names and thresholds."""
+    for level, demo in zip(LEVELS, demo_dashboards(), strict=True):
+        shipped = build(level)
+        assert [(p["type"], len(p.get("targets", []))) for p in shipped["panels"]] == \
+            [(p["type"], len(p.get("targets", []))) for p in demo["panels"]]
+
+        def generic(expr: str) -> str:  # rate5m / rate20s -> rateSHORT, rate1h / rate2m -> rateLONG, ...
+            window = {"5m": "SHORT", "20s": "SHORT", "1h": "LONG", "2m": "LONG"}
+            return re.sub(r"(rate|mean|_vs_)(5m|20s|1h|2m)(?![0-9a-z])",
+                          lambda m: m.group(1) + window[m.group(2)], expr)
+
+        def thresholds(expr: str) -> str:
+            return re.sub(r"> \d+(\.\d+)?\)", "> N)", expr)
+
+        for (_, a), (_, b) in zip(targets(shipped), targets(demo), strict=True):
+            assert thresholds(generic(a["expr"])) == thresholds(generic(b["expr"]))
+
+
+@pytest.fixture(scope="module")
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float, float]]:
+    """The demo stack with 6 GPUs (4 held by the job's ranks, 2 free) through a scripted run of faults: a
+    straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a lost GPU, a restart, and a rank
+    that skips a collective long enough to count as a hang. Yields the stack and the run's start and end."""
+    live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=6, ranks=4).start()
+    try:
+        assert live.job is not None
+        start = time.time()
+        live.job.set_straggler(2)
+        live.gpus.throttle(0, "power", 600)
+        live.gpus.inject_ecc(1, uncorrected=True)
+        live.gpus.inject_xid(1, 79)
+        live.gpus.lose(5)
+        restarted = Telemetry(WORKLOAD, 0, socket_path=str(live.workdir / "ingest.sock"))
+        restarted.lifecycle("restart")
+        restarted.close()
+        time.sleep(SETTLE_SECONDS)
+        live.job.set_skipping(1)
+        time.sleep(SKIP_SECONDS)
+        live.job.set_skipping(None)
+        time.sleep(5)
+        yield live, start, time.time()
+    finally:
+        live.stop()
+
+
+def _has_data(prometheus: str, expr: str, start: float, end: float) -> bool:
+    response = httpx.get(f"{prometheus}/api/v1/query_range",
+                         params={"query": expr, "start": start, "end": end, "step": 2}, timeout=30)
+    body = response.json()
+    assert body.get("status") == "success", f"{expr}: {body}"
+    return any(series["values"] for series in body["data"]["result"])
+
+
+def test_no_dead_panels(ran: tuple[Stack, float, float]) -> None:
+    live, start, end = ran
+    prometheus = live.urls["prometheus"]
+    builtins = {"__rate_interval": DEMO_SETTINGS.windows[0], "__interval": "5s"}
+    dead, alive = [], []
+    for model in demo_dashboards():
+        values = {**query_values(model), **builtins}
+        for panel, target in targets(model):
+            key = (model["uid"], panel["title"])
+            (alive if _has_data(prometheus, substitute(target["expr"], values), start, end) else dead).append(
+                f"{key[0]} / {key[1]} [{target['refId']}]")
+    unexpected_dead = [d for d in dead if not any(d.startswith(f"{u} / {t} [") for u, t in ALLOWED_EMPTY)]
+    assert not unexpected_dead, f"dead panels ({len(unexpected_dead)} of {len(dead) + len(alive)} queries):\n" + \
+        "\n".join(unexpected_dead)
+    alive_allowed = [a for a in alive if any(a.startswith(f"{u} / {t} [") for u, t in ALLOWED_EMPTY)]
+    assert not alive_allowed, f"allowed to be empty but showed data: {alive_allowed}"
+    assert len(alive) > 60
+
+
+def test_variables_offer_the_demo_values(ran: tuple[Stack, float, float]) -> None:
+    live, start, end = ran
+    offered: dict[str, set[str]] = {}
+    for model in demo_dashboards():
+        values = query_values(model)
+        for variable in model["templating"]["list"]:
+            if variable["type"] != "query":
+                continue
+            selector = dict(variable_selectors(model))[variable["name"]]
+            label = variable["query"].rsplit(",", 1)[1].strip(" )")
+            response = httpx.get(f"{live.urls['prometheus']}/api/v1/label/{label}/values",
+                                 params={"match[]": substitute(selector, values), "start": start, "end": end})
+            offered.setdefault(variable["name"], set()).update(response.json()["data"])
+    assert offered == {"cluster": {CLUSTER}, "node": {f"127.0.0.1:{live.ports.exporter}"}, "workload": {WORKLOAD}}
+
