@@ -82,6 +82,10 @@ GPU_MEMORY_TOTAL = _m(
     "goodput_gpu_memory_total_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory installed.", GPU, "nvml")
 GPU_POWER = _m(
     "goodput_gpu_power_watts", Kind.GAUGE, "watts", "Power draw of the board.", GPU, "nvml")
+GPU_POWER_LIMIT = _m(
+    "goodput_gpu_power_limit_watts", Kind.GAUGE, "watts",
+    "Power limit the driver enforces on the board: the lowest of the software (nvidia-smi -pl), hardware "
+    "and board limits. Power at this limit while clocks drop is power throttling.", GPU, "nvml")
 GPU_ENERGY = _m(
     "goodput_gpu_energy_joules_total", Kind.COUNTER, "joules",
     "Energy used since the driver was loaded (NVML total energy counter).", GPU, "nvml")

@@ -35,7 +35,7 @@ def test_every_gpu_reports_identity_and_core_series() -> None:
     assert info["uuid"].startswith("GPU-") and info["driver_version"] and info["pci_bus_id"]
     uuid = series(text, "goodput_gpu_up")[0]["uuid"]
     for name in ("goodput_gpu_up", "goodput_gpu_utilization_ratio", "goodput_gpu_memory_used_bytes",
-                 "goodput_gpu_memory_total_bytes", "goodput_gpu_power_watts",
+                 "goodput_gpu_memory_total_bytes", "goodput_gpu_power_watts", "goodput_gpu_power_limit_watts",
                  "goodput_gpu_energy_joules_total", "goodput_gpu_temperature_celsius",
                  "goodput_gpu_sm_clock_hertz", "goodput_gpu_idle_seconds_total", "goodput_gpu_allocated",
                  "goodput_gpu_pcie_transmit_bytes_total", "goodput_gpu_pcie_receive_bytes_total"):
@@ -56,6 +56,9 @@ def test_energy_counter_tracks_power() -> None:
     second = value(scrape(source), "goodput_gpu_energy_joules_total", gpu="0")
     # 50 s at 700 W and 50 s at 70 W
     assert second - first == pytest.approx(50 * 700 + 50 * 70, rel=0.01)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_power_limit_watts", gpu="0") == 700  # the simulated board's limit
+    assert value(text, "goodput_gpu_power_watts", gpu="0") <= 700
 
 
 @pytest.mark.parametrize(("pattern", "kwargs"), [

@@ -119,6 +119,10 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetPowerUsage(handle))
 
     @_translated
+    def device_power_limit_milliwatts(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
+
+    @_translated
     def device_energy_millijoules(self, handle: Handle) -> int:
         return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
 

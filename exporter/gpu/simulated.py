@@ -463,6 +463,10 @@ class SimulatedGpus:
             watts = min(watts, 0.7 * MAX_WATTS)
         return int(watts * 1000)
 
+    def device_power_limit_milliwatts(self, handle: _Gpu) -> int:
+        self._check("device_power_limit_milliwatts", handle)
+        return int(MAX_WATTS * 1000)
+
     def device_energy_millijoules(self, handle: _Gpu) -> int:
         self._check("device_energy_millijoules", handle)
         elapsed = self._clock() - self._start

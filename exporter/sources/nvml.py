@@ -225,6 +225,9 @@ class NvmlSource:
         power = read(gpu, "power", self.backend.device_power_milliwatts)
         if power is not None:
             add((c.GPU_POWER, labels, power / 1000.0))
+        power_limit = read(gpu, "power_limit", self.backend.device_power_limit_milliwatts)
+        if power_limit is not None:
+            add((c.GPU_POWER_LIMIT, labels, power_limit / 1000.0))
         energy = read(gpu, "energy", self.backend.device_energy_millijoules)
         if energy is not None:
             add((c.GPU_ENERGY, labels, energy / 1000.0))
