@@ -92,4 +92,10 @@ def build(names: Names) -> Dashboard:
         "the rest points at its host (input pipeline, CPU, NUMA): open Host and input pipeline for it.",
         "percentunit", [(f"topk(10, {names.rule('node', 'goodput_gpu_idle_while_allocated_ratio', 'rate')}{f()})",
                          "")]))
+    d = d.with_panel(table_panel(
+        "Namespaces by idle GPUs", "Per Kubernetes namespace (from the kubelet's pod-resources API): the idle "
+        "share of the GPUs its pods hold, and its goodput. A team holding GPUs that idle is the first "
+        "conversation to have. Empty off Kubernetes or with the kubelet source off.",
+        "percentunit", [(f"topk(10, {names.rule('namespace', 'goodput_gpu_idle_ratio', 'rate')}{f()})", "idle"),
+                        (f"{names.rule('namespace', 'goodput_ratio', 'rate')}{f()}", "goodput")], width=24))
     return d

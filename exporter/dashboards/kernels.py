@@ -30,10 +30,12 @@ def build(names: Names) -> Dashboard:
         "percentunit", [(f"rate(goodput_gpu_clock_throttle_seconds_total{f()}[$__rate_interval]) > 0",
                          gpu + " {{reason}}")], max_value=1))
     d = d.with_panel(timeseries_panel(
-        "Power and energy", "Board power draw per GPU, and the average power from the energy counter (exact "
-        "between scrapes). Flat at the board's limit while clocks drop is power throttling; far below it "
+        "Power vs limit", "Board power draw per GPU, the average power from the energy counter (exact "
+        "between scrapes), and the limit the driver enforces. Flat at the limit while clocks drop is power "
+        "throttling; far below it "
         "while busy means the kernels do not load the GPU.",
         "watt", [(f"goodput_gpu_power_watts{f()}", f"{gpu} now"),
+                 (f"goodput_gpu_power_limit_watts{f()}", f"{gpu} limit"),
                  (f"rate(goodput_gpu_energy_joules_total{f()}[$__rate_interval])", f"{gpu} average")]))
     d = d.with_panel(timeseries_panel(
         "Temperature", "GPU core temperature. Close to the slowdown temperature (about 85-90 C on data-centre "
@@ -61,6 +63,15 @@ def build(names: Names) -> Dashboard:
         "percentunit", [(f"goodput_gpu_fp16_active_ratio{f()}", f"{gpu} fp16"),
                         (f"goodput_gpu_fp32_active_ratio{f()}", f"{gpu} fp32"),
                         (f"goodput_gpu_fp64_active_ratio{f()}", f"{gpu} fp64")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "GPUs by activity class", f"How many of the selected GPUs were, over the last {names.short}: underused "
+        f"(SMs active below {names.settings.underused_sm_active_ratio:g}), compute-bound (a math pipe at "
+        f"{names.settings.compute_bound_pipe_ratio:g} or more), memory-bound (memory interface at "
+        f"{names.settings.memory_bound_dram_ratio:g} or more) or other (SMs busy, neither saturated: latency, "
+        "launch or synchronization bound). Underused GPUs are the waste; memory-bound ones want fewer bytes "
+        "moved per flop. Needs DCGM.",
+        "short", [(f"count by (class) ({names.rule('gpu', 'goodput_gpu_activity_class', 'avg')}{f()})", "{{class}}")],
+        stacked=True))
     d = d.with_panel(timeseries_panel(
         "NVLink and PCIe (DCGM)", "Bytes per second over all NVLinks and over PCIe as DCGM measures them "
         "(averaged over its sampling period; protocol headers included for PCIe). Needs DCGM.",

@@ -37,6 +37,18 @@ def build(names: Names) -> Dashboard:
         "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "compute (goodput)"),
                         (f"{names.rule('workload', 'goodput_badput_ratio', 'rate')}{f()}", "{{phase}}")],
         stacked=True, max_value=1, width=24))
+    d = d.with_panel(timeseries_panel(
+        "Idle share of the job's GPUs", "Share of time no kernel ran on the GPUs the job's processes hold "
+        "(attributed from the processes NVML lists on each GPU). High while the job runs is time lost to "
+        "something other than the GPU: the phases above say what.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_gpu_idle_ratio', 'rate')}{f()}", "{{workload}}")],
+        max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "The job's GPUs by activity class", "Share of the job's GPUs that were underused, compute-bound, "
+        "memory-bound or other over the short window (DCGM profiling). A compute-bound job is doing its "
+        "math; memory-bound or underused GPUs are where kernel work pays off. Needs DCGM.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_gpu_activity_class_ratio', 'avg')}{f()}", "{{class}}")],
+        stacked=True, max_value=1))
     d = d.with_row(row("Ranks"))
     d = d.with_panel(timeseries_panel(
         "Step time per rank", "Mean wall time of a step per rank. In synchronous training all ranks meet in the "
