@@ -231,6 +231,8 @@ class DcgmConfig(SourceConfig):
         return value
 
 
+SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MAX_POD_LABELS = 32
 DEFAULT_GPU_RESOURCES = "nvidia.com/gpu,nvidia.com/gpu.*,nvidia.com/mig-*"
 _RESOURCE_PATTERN = re.compile(r"[A-Za-z0-9*?][-A-Za-z0-9_.*?]*/[-A-Za-z0-9_.*?]+")
 
@@ -256,6 +258,26 @@ class KubeletConfig(SourceConfig):
         "(nvidia.com/mig-1g.10gb), and not other resources under nvidia.com/ such as the Network Operator's "
         "SR-IOV and RDMA devices. DRA devices are GPUs when allocated by gpu.nvidia.com or when their CDI "
         "name is of kind nvidia.com/gpu or names a GPU-/MIG- UUID.")
+    pod_labels: str = Field(
+        "", description="Comma-separated pod label names (e.g. team,app.kubernetes.io/name) whose values are added "
+        "to goodput_gpu_pod_info as label_<name> (characters outside [a-zA-Z0-9_] become _, as in "
+        "kube-state-metrics' kube_pod_labels), read from the Kubernetes API server on this source's interval; "
+        "empty: off, and the API server is never called. Needs kubelet.node_name and RBAC to list pods.")
+    node_name: str = Field(
+        "", description="This node's Kubernetes name, for listing its pods when pod_labels is set: set "
+        "GOODPUT_KUBELET_NODE_NAME from the downward API (fieldRef spec.nodeName).")
+    api_url: str = Field(
+        "", description="The Kubernetes API server, e.g. https://10.0.0.1:443; empty: the in-cluster address "
+        "(https://$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT).")
+    api_token_file: str = Field(
+        f"{SERVICE_ACCOUNT_DIR}/token", description="Bearer token for the API server, read on every call (the "
+        "kubelet rotates it); empty: send none.")
+    api_ca_file: str = Field(
+        f"{SERVICE_ACCOUNT_DIR}/ca.crt", description="CA bundle the API server's certificate is checked against; "
+        "empty: the system's CAs.")
+    api_max_bytes: int = Field(
+        32 * 2**20, ge=1024, description="Larger answers from the API server are rejected (reason "
+        "pod_labels_oversize) and the labels are left out.")
 
     @field_validator("gpu_resources")
     @classmethod
@@ -268,6 +290,50 @@ class KubeletConfig(SourceConfig):
                 raise ValueError(f"{pattern!r} is not a resource name pattern such as nvidia.com/gpu or "
                                  "nvidia.com/mig-*")
         return value
+
+    @field_validator("pod_labels")
+    @classmethod
+    def _check_pod_labels(cls, value: str) -> str:
+        from .attribution.podlabels import prometheus_label, valid_label_key
+
+        names = pod_label_names(value)
+        if len(names) > MAX_POD_LABELS:
+            raise ValueError(f"{len(names)} label names; at most {MAX_POD_LABELS} (each is a label on every "
+                             "goodput_gpu_pod_info series)")
+        seen: dict[str, str] = {}
+        for name in names:
+            if not valid_label_key(name):
+                raise ValueError(f"{name!r} is not a Kubernetes label name such as team or app.kubernetes.io/name")
+            label = prometheus_label(name)
+            if label in seen:
+                raise ValueError(f"{seen[label]!r} and {name!r} are both {label} on our series: keep one")
+            seen[label] = name
+        return value
+
+    @field_validator("node_name")
+    @classmethod
+    def _check_node_name(cls, value: str) -> str:
+        if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+            raise ValueError(f"{value!r} is not a Kubernetes node name")
+        return value
+
+    @field_validator("api_url")
+    @classmethod
+    def _check_api_url(cls, value: str) -> str:
+        if value and not re.match(r"^https?://[^/\s?#]+/?$", value):
+            raise ValueError(f"{value!r}: want an http:// or https:// URL of the API server, no path")
+        return value
+
+    @model_validator(mode="after")
+    def _pod_labels_need_node(self) -> KubeletConfig:
+        if self.enabled and self.pod_labels.strip() and not self.node_name:
+            raise ValueError("kubelet.pod_labels needs kubelet.node_name: set GOODPUT_KUBELET_NODE_NAME from the "
+                             "downward API (valueFrom.fieldRef.fieldPath: spec.nodeName)")
+        return self
+
+
+def pod_label_names(value: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(part.strip() for part in value.split(",") if part.strip()))
 
 
 class ProcessConfig(SourceConfig):

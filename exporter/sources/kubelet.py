@@ -4,17 +4,25 @@ Asked on its own interval in the background, never on a scrape. Each answer repl
 mapping, so a pod that is gone from the kubelet's answer is gone from /metrics at the next refresh.
 A failed call (socket missing, kubelet down or slow, an answer that does not decode) marks the
 source down and withdraws its series, like any source: an old mapping is never shown as current.
+
+With kubelet.pod_labels set, the listed pod labels are added to goodput_gpu_pod_info from the
+Kubernetes API server, asked on a thread of its own (attribution/podlabels.py): the API server being
+slow, down or refusing costs the labels (counted as pod_labels_<reason> errors of this source), never
+the mapping itself, and never a scrape.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from fnmatch import fnmatchcase
 
 from .. import catalog as c
 from ..attribution.devices import GpuMatcher, Match
 from ..attribution.kubelet import DRA, Assignment, PodResourcesClient, PodResourcesError
-from ..config import KubeletConfig, gpu_resource_patterns
+from ..attribution.podlabels import PodLabeler, PodLabelsClient, in_cluster_url, prometheus_label
+from ..config import KubeletConfig, gpu_resource_patterns, pod_label_names
 from ..exposition import Batch
 from ..gpu_processes import GpuProcessTable
 from .base import SourceError
@@ -35,6 +43,17 @@ class KubeletSource:
         self.client = PodResourcesClient(config.socket_path, deadline=config.timeout * GRPC_SHARE_OF_TIMEOUT,
                                          reconnect_seconds=config.interval)
         self._unmatched_logged: set[str] = set()
+        wanted = pod_label_names(config.pod_labels)
+        self.pod_info = c.GPU_POD_INFO
+        self.labeler: PodLabeler | None = None
+        if wanted:
+            # the same metric with one label_<name> per wanted label, fixed for the life of the process
+            self.pod_info = dataclasses.replace(
+                c.GPU_POD_INFO, labels=(*c.GPU_POD_INFO.labels, *(prometheus_label(n) for n in wanted)))
+            url = config.api_url or in_cluster_url(os.environ) or ""
+            client = PodLabelsClient(url, config.node_name, wanted, config.api_token_file, config.api_ca_file,
+                                     timeout=config.timeout, max_bytes=config.api_max_bytes)
+            self.labeler = PodLabeler(client, config.interval).start()
 
     def is_gpu_resource(self, resource: str) -> bool:
         return any(fnmatchcase(resource, pattern) for pattern in self.patterns)
@@ -47,16 +66,24 @@ class KubeletSource:
             raise SourceError(exc.reason, f"kubelet pod-resources: {exc}{hint}") from None
         matcher = GpuMatcher(self.processes.gpus())
         batch = Batch()
-        rows: set[tuple[str, str, str, str, str, str]] = set()
+        rows: set[tuple[str, ...]] = set()
         unmatched: list[str] = []
+        labels: dict[tuple[str, str], tuple[str, ...]] | None = None
+        no_labels: tuple[str, ...] = ()
+        if self.labeler is not None:
+            labels, batch.errors = self.labeler.current()
+            no_labels = ("",) * (len(self.pod_info.labels) - len(c.GPU_POD_INFO.labels))
+            batch.add(c.KUBELET_POD_LABELS_UP, (), 0 if labels is None else 1)
         for item in assignments:
             found = _match(matcher, item)
             if found is None:
                 unmatched.append(_describe(item))
                 continue
-            rows.add((found.gpu.gpu, found.gpu.uuid, found.mig_uuid, item.pod, item.namespace, item.container))
+            extra = labels.get((item.namespace, item.pod), no_labels) if labels is not None else no_labels
+            rows.add((found.gpu.gpu, found.gpu.uuid, found.mig_uuid, item.pod, item.namespace, item.container,
+                      *extra))
         for row in sorted(rows, key=lambda r: (int(r[0]) if r[0].isdigit() else 0, r)):
-            batch.add(c.GPU_POD_INFO, row, 1)
+            batch.add(self.pod_info, row, 1)
         fresh = set(unmatched) - self._unmatched_logged
         if fresh and len(matcher):
             log.warning("kubelet: devices that name no GPU on this node: %s", ", ".join(sorted(fresh)[:10]))
@@ -66,6 +93,8 @@ class KubeletSource:
         return batch
 
     def close(self) -> None:
+        if self.labeler is not None:
+            self.labeler.close()
         self.client.close()
 
 
