@@ -8,7 +8,8 @@ Built to stay cheap at 10,000 GPUs (bench/rules_scale.py):
   recorded series where `rate(goodput_phase_seconds_total[1h])` would read 38,400 raw ones. For a
   steady counter the two agree; when the rate changes, the average of the 5m rates over the hour
   is the hour's rate give or take the first 5 minutes.
-- Long-window groups are evaluated every `long_window_interval` (1m), not at every evaluation.
+- Long-window groups and the DCGM activity classes, which change slowly, are evaluated every
+  `slow_groups_interval` (1m), not at every evaluation.
 - Groups are kept small: Prometheus evaluates groups concurrently and the rules of one group in turn.
 """
 
@@ -53,7 +54,7 @@ def _gpu_memory(s: RulesSettings) -> list[Rule]:
 PIPES = ("tensor", "fp16", "fp32", "fp64")
 
 
-def _gpu_activity(s: RulesSettings) -> list[Rule]:
+def _gpu_activity(s: RulesSettings) -> tuple[list[Rule], list[Rule]]:
     """What the GPU did with its time, from DCGM's profiling ratios (absent without the dcgm source)."""
     c, w = s.cluster_label, s.windows[0]
     sm, dram = f"gpu:goodput_gpu_sm_active_ratio:avg{w}", f"gpu:goodput_gpu_dram_active_ratio:avg{w}"
@@ -65,11 +66,13 @@ def _gpu_activity(s: RulesSettings) -> list[Rule]:
     def member(expr: str, name: str) -> str:
         return f'label_replace(({expr}) * 0 + 1, "class", "{name}", "", "")'
 
-    return [
+    inputs = [
         {"record": sm, "expr": f"avg_over_time(goodput_gpu_sm_active_ratio[{w}])"},
         {"record": dram, "expr": f"avg_over_time(goodput_gpu_dram_active_ratio[{w}])"},
         # the busiest math pipe, whichever it is
         {"record": pipe, "expr": f"max without (pipe) (\n{pipes}\n)"},
+    ]
+    classes = [
         # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
         # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
         # latency, launch or synchronization bound). Value 1, so averages give shares.
@@ -88,6 +91,7 @@ def _gpu_activity(s: RulesSettings) -> list[Rule]:
                  f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left () {sm}\n)"},
     ]
+    return inputs, classes
 
 
 def _attribution(s: RulesSettings) -> list[Rule]:
@@ -179,14 +183,20 @@ def _workload(s: RulesSettings) -> list[Rule]:
     ]
 
 
+def _step(s: RulesSettings) -> list[Rule]:
+    c, w = s.cluster_label, s.windows[0]
+    return [
+        {"record": f"workload_rank:goodput_step_duration_seconds:mean{w}",
+         "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
+                 f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
+    ]
+
+
 def _straggler(s: RulesSettings) -> list[Rule]:
     c, w = s.cluster_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
     return [
-        {"record": step,
-         "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
-                 f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
         # In synchronous training every rank's step lasts as long as the slowest one's (they all
         # meet in the all-reduce), so the straggler is found by its own time per step: every phase
         # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
@@ -245,18 +255,23 @@ def recording_groups(s: RulesSettings) -> list[Group]:
     groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
-        {"name": "goodput.gpu_activity", "rules": _gpu_activity(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
         {"name": "goodput.workload", "rules": _workload(s)},
+        {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.attribution", "rules": _attribution(s)},
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
+    activity, classes = _gpu_activity(s)
+    groups += [  # the class rules read the averages one evaluation old
+        {"name": "goodput.gpu_activity", "interval": s.slow_groups_interval, "rules": activity},
+        {"name": "goodput.gpu_activity_class", "interval": s.slow_groups_interval, "rules": classes},
+    ]
     for long in s.windows[1:]:
         groups += [
-            {"name": f"goodput.gpu.{long}", "interval": s.long_window_interval, "rules": _gpu_long(s, long)},
-            {"name": f"goodput.workload.{long}", "interval": s.long_window_interval,
+            {"name": f"goodput.gpu.{long}", "interval": s.slow_groups_interval, "rules": _gpu_long(s, long)},
+            {"name": f"goodput.workload.{long}", "interval": s.slow_groups_interval,
              "rules": _workload_long(s, long)},
         ]
     return groups

@@ -35,9 +35,9 @@ class RulesSettings(BaseModel):
     windows: list[str] = Field(
         ["5m", "1h"], description="Rate windows of the recording rules, shortest first; the last is the "
         "baseline the short window is compared with.")
-    long_window_interval: str = Field(
-        "1m", description="How often the groups of the longer windows are evaluated: they average what the "
-        "short-window rules recorded, so they change slowly.")
+    slow_groups_interval: str = Field(
+        "1m", description="How often the groups that change slowly are evaluated: the longer windows (averages of "
+        "what the short-window rules recorded) and the DCGM activity classes.")
     node_label: str = Field(
         "instance", description="Label that names a node on the exporter's series (instance unless "
         "relabeling adds e.g. node).")
@@ -98,7 +98,7 @@ class RulesSettings(BaseModel):
             raise ValueError("windows must be distinct and shortest first")
         return value
 
-    @field_validator("long_window_interval", "memory_predict_window", "memory_predict_horizon",
+    @field_validator("slow_groups_interval", "memory_predict_window", "memory_predict_horizon",
                      "goodput_trend_window", "goodput_drop_for",
                      "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for")
