@@ -10,7 +10,8 @@ Built to stay cheap at 10,000 GPUs (bench/rules_scale.py):
   is the hour's rate give or take the first 5 minutes.
 - Long-window groups and the DCGM activity classes, which change slowly, are evaluated every
   `slow_groups_interval` (1m), not at every evaluation.
-- Groups are kept small: Prometheus evaluates groups concurrently and the rules of one group in turn.
+- Groups are kept small: Prometheus evaluates groups concurrently and the rules of one group in turn,
+  so a group that reads what another records sees it one evaluation old.
 """
 
 from __future__ import annotations
@@ -27,11 +28,17 @@ IDLE_KINDS = ("idle", "idle_while_allocated", "idle_unallocated")
 
 def _gpu(s: RulesSettings) -> list[Rule]:
     w = s.windows[0]
-    idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
     return [
-        {"record": idle,
+        {"record": f"gpu:goodput_gpu_idle_ratio:rate{w}",
          "expr": f"rate(goodput_gpu_idle_seconds_total[{w}])\n"
                  f"  / (rate(goodput_gpu_sampled_seconds_total[{w}]) > 0)"},
+    ]
+
+
+def _gpu_allocation(s: RulesSettings) -> list[Rule]:
+    w = s.windows[0]
+    idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
+    return [
         # allocated at any time in the window vs never: idle while someone holds the GPU is waste
         {"record": f"gpu:goodput_gpu_idle_while_allocated_ratio:rate{w}",
          "expr": f"{idle} and (max_over_time(goodput_gpu_allocated[{w}]) == 1)"},
@@ -54,7 +61,7 @@ def _gpu_memory(s: RulesSettings) -> list[Rule]:
 PIPES = ("tensor", "fp16", "fp32", "fp64")
 
 
-def _gpu_activity(s: RulesSettings) -> tuple[list[Rule], list[Rule]]:
+def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
     """What the GPU did with its time, from DCGM's profiling ratios (absent without the dcgm source)."""
     c, w = s.cluster_label, s.windows[0]
     sm, dram = f"gpu:goodput_gpu_sm_active_ratio:avg{w}", f"gpu:goodput_gpu_dram_active_ratio:avg{w}"
@@ -69,9 +76,9 @@ def _gpu_activity(s: RulesSettings) -> tuple[list[Rule], list[Rule]]:
     inputs = [
         {"record": sm, "expr": f"avg_over_time(goodput_gpu_sm_active_ratio[{w}])"},
         {"record": dram, "expr": f"avg_over_time(goodput_gpu_dram_active_ratio[{w}])"},
-        # the busiest math pipe, whichever it is
-        {"record": pipe, "expr": f"max without (pipe) (\n{pipes}\n)"},
     ]
+    # the busiest math pipe, whichever it is
+    pipe_rules = [{"record": pipe, "expr": f"max without (pipe) (\n{pipes}\n)"}]
     classes = [
         # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
         # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
@@ -81,6 +88,8 @@ def _gpu_activity(s: RulesSettings) -> tuple[list[Rule], list[Rule]]:
                  f"or ignoring (class)\n{member(f'{pipe} >= {s.compute_bound_pipe_ratio:g}', 'compute_bound')}\n"
                  f"or ignoring (class)\n{member(f'{dram} >= {s.memory_bound_dram_ratio:g}', 'memory_bound')}\n"
                  f"or ignoring (class)\n{member(sm, 'other')}"},
+    ]
+    shares = [
         # per workload (GPUs attributed by goodput_gpu_workload_info): the share of its GPUs in each class
         {"record": f"workload:goodput_gpu_activity_class_ratio:avg{w}",
          "expr": f"sum by ({c}, workload, class) (\n"
@@ -91,7 +100,7 @@ def _gpu_activity(s: RulesSettings) -> tuple[list[Rule], list[Rule]]:
                  f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left () {sm}\n)"},
     ]
-    return inputs, classes
+    return [inputs, pipe_rules, classes, shares]
 
 
 def _attribution(s: RulesSettings) -> list[Rule]:
@@ -205,7 +214,6 @@ def _straggler(s: RulesSettings) -> list[Rule]:
          "expr": f'sum by ({c}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
                  f"  / (sum by ({c}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
                  f"or\n{step}"},
-        *_stragglers(s, own, w),
     ]
 
 
@@ -254,20 +262,22 @@ def _collective(s: RulesSettings) -> list[Rule]:
 def recording_groups(s: RulesSettings) -> list[Group]:
     groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
+        {"name": "goodput.gpu_allocation", "rules": _gpu_allocation(s)},
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
+        {"name": "goodput.straggler_ratio",
+         "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
         {"name": "goodput.attribution", "rules": _attribution(s)},
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
-    activity, classes = _gpu_activity(s)
-    groups += [  # the class rules read the averages one evaluation old
-        {"name": "goodput.gpu_activity", "interval": s.slow_groups_interval, "rules": activity},
-        {"name": "goodput.gpu_activity_class", "interval": s.slow_groups_interval, "rules": classes},
-    ]
+    groups += [  # each reads what the one before recorded, one evaluation old
+        {"name": name, "interval": s.slow_groups_interval, "rules": rules}
+        for name, rules in zip(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",
+                                "goodput.gpu_activity_share"), _gpu_activity(s), strict=True)]
     for long in s.windows[1:]:
         groups += [
             {"name": f"goodput.gpu.{long}", "interval": s.slow_groups_interval, "rules": _gpu_long(s, long)},
