@@ -26,6 +26,8 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from serving import free_port, wait_ready  # noqa: E402
+
 from exporter.config import load  # noqa: E402
 from exporter.gpu.simulated import SimulatedGpus  # noqa: E402
 from exporter.sources.kubelet import KubeletSource  # noqa: E402
@@ -111,33 +113,19 @@ def refresh_costs() -> tuple[tuple[float, float], tuple[float, float]]:
     return _percentiles(kubelet_times), _percentiles(process_times)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _daemon(*flags: str) -> tuple[subprocess.Popen[bytes], int]:
-    port = _free_port()
+    port = free_port()
     workdir = tempfile.mkdtemp(prefix="gp-bench-attr-")
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "serve", "--simulate", str(GPUS), "--web.listen-address",
          f"127.0.0.1:{port}", "--log.level", "error", "--ingest.socket-path", f"{workdir}/ingest.sock",
          "--flight.dir", f"{workdir}/flight", *flags], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", "/readyz")
-            if conn.getresponse().status == 200:
-                return proc, port
-        except OSError:
-            pass
-        time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("daemon not ready")
+    try:
+        wait_ready(port, "/readyz")
+    except RuntimeError:
+        proc.kill()
+        raise
+    return proc, port
 
 
 def _scrape_pair(base: int, other: int) -> tuple[float, float, float, float]:

@@ -30,7 +30,6 @@ import http.client
 import json
 import re
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
+from serving import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work" / "rules-scale"
@@ -228,23 +228,12 @@ def _query(port: int, expr: str) -> list[dict]:  # type: ignore[type-arg]
 
 def _per_gpu_series() -> tuple[float, float]:
     """Series of one daemon with 8 simulated GPUs at default settings."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "serve", "--simulate", "8",
                              "--web.listen-address", f"127.0.0.1:{port}", "--ingest.enabled", "false"],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            try:
-                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-                conn.request("GET", "/readyz")
-                if conn.getresponse().status == 200:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.2)
+        wait_ready(port, "/readyz")
         time.sleep(2)
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/metrics")
@@ -272,9 +261,7 @@ def run() -> Result:
         raise RuntimeError(f"writing the history took {time.time() - now:.0f} s, past its end: raise AHEAD")
     if time.time() < end + 2:  # rule results must land after the last block
         time.sleep(end + 2 - time.time())
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     rules = sorted(str(ROOT / "rules" / name) for name in files)
     (WORK / "prometheus.yml").write_text(
         f"global: {{evaluation_interval: {EVAL_INTERVAL}s}}\nrule_files: {json.dumps(rules)}\n")

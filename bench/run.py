@@ -12,7 +12,6 @@ import http.client
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ import client_ingest
 import flight_parse
 import idle_accuracy
 import rules_scale
+from serving import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.md"
@@ -31,26 +31,6 @@ REQUESTS = 1500
 GAP = 0.01  # seconds between request pairs; snapshots change every second meanwhile
 CPU_WINDOW = 60.0
 HEADERS = {"Accept-Encoding": "gzip", "Accept": "text/plain"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_ready(port: int, path: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-            conn.request("GET", path)
-            if conn.getresponse().status == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"nothing ready on port {port}{path}")
 
 
 def count_series(port: int) -> int:
