@@ -70,6 +70,11 @@ class Result:
     per_gpu_total: float  # all series of that daemon, per GPU
 
 
+def _allocated(node: int, gpu: int) -> bool:
+    """Four GPUs in five are held by a job."""
+    return bool((node + gpu) % 5)
+
+
 def _long_inputs(files: dict[str, str]) -> list[str]:
     """The recorded series the long-window groups read over their window."""
     names: set[str] = set()
@@ -89,7 +94,7 @@ def _recorded_labels(name: str) -> list[str]:
         sets = []
         for node in range(NODES):
             for gpu in range(GPUS_PER_NODE):
-                allocated = bool((node + gpu) % 5)
+                allocated = _allocated(node, gpu)
                 if ("while_allocated" in metric and not allocated) or ("unallocated" in metric and allocated):
                     continue
                 sets.append(f'instance="node{node}:9445",{job},gpu="{gpu}",uuid="GPU-{node:04d}-{gpu}"')
@@ -159,7 +164,7 @@ def _write_history(path: Path, now: int, long_inputs: list[str]) -> tuple[int, i
                         elif family == "goodput_gpu_sampled_seconds":
                             counter(f"{family}_total", labels, 1)
                         elif family == "goodput_gpu_allocated":
-                            gauge(family, labels, 1 if (node + gpu) % 5 else 0)
+                            gauge(family, labels, int(_allocated(node, gpu)))
                         elif family == "goodput_gpu_memory_used_bytes":
                             gauge(family, labels, 40 * 2**30)
                         elif family == "goodput_gpu_memory_total_bytes":
