@@ -98,7 +98,7 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
                  f"/ ignoring (class) group_left ()\n"
                  f"count by ({c}, workload) (\n"
                  f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
-                 f"  * on ({c}, {s.node_label}, uuid) group_left () {sm}\n)"},
+                 f"  * on ({c}, {s.node_label}, uuid) group_left () {cls}\n)"},
     ]
     return [inputs, pipe_rules, classes, shares]
 
