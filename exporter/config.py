@@ -313,7 +313,9 @@ class KubeletConfig(SourceConfig):
     @field_validator("node_name")
     @classmethod
     def _check_node_name(cls, value: str) -> str:
-        if value and not re.fullmatch(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", value):
+        from .attribution.k8s_names import SUBDOMAIN
+
+        if value and not SUBDOMAIN.fullmatch(value):
             raise ValueError(f"{value!r} is not a Kubernetes node name")
         return value
 

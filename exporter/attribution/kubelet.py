@@ -25,12 +25,9 @@ from google.protobuf.message import DecodeError
 
 from . import podresources_v1_pb2 as pb
 from .devices import NVIDIA_DRA_DRIVER
+from .k8s_names import LABEL, MAX_PODS, SUBDOMAIN
 
-MAX_PODS = 10_000
 MAX_MESSAGE_BYTES = 16 * 2**20
-# pod names are DNS subdomains (253), namespaces and container names DNS labels (63)
-_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 MAX_DEVICE_ID = 256
 LIST_METHOD = "/v1.PodResourcesLister/List"
 DRA = "dra"  # the `resource` of a device allocated through Dynamic Resource Allocation
@@ -171,9 +168,9 @@ def validate(reply: pb.ListPodResourcesResponse,
     out: list[Assignment] = []
     invalid = 0
     for pod in reply.pod_resources:
-        pod_ok = bool(_SUBDOMAIN.fullmatch(pod.name) and _LABEL.fullmatch(pod.namespace))
+        pod_ok = bool(SUBDOMAIN.fullmatch(pod.name) and LABEL.fullmatch(pod.namespace))
         for container in pod.containers:
-            ok = pod_ok and bool(_LABEL.fullmatch(container.name))
+            ok = pod_ok and bool(LABEL.fullmatch(container.name))
             for devices in container.devices:
                 if not is_gpu_resource(devices.resource_name):
                     continue  # CPUs, NICs, SR-IOV functions, other accelerators

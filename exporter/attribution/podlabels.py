@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from .kubelet import _LABEL, _SUBDOMAIN, MAX_PODS
+from .k8s_names import LABEL, MAX_PODS, SUBDOMAIN
 
 log = logging.getLogger(__name__)
 
@@ -55,7 +55,7 @@ def prometheus_label(name: str) -> str:
 
 def valid_label_key(key: str) -> bool:
     prefix, slash, name = key.rpartition("/")
-    if slash and not (len(prefix) <= 253 and _SUBDOMAIN.fullmatch(prefix)):
+    if slash and not (len(prefix) <= 253 and SUBDOMAIN.fullmatch(prefix)):
         return False
     return bool(_KEY_NAME.fullmatch(name))
 
@@ -198,8 +198,8 @@ def parse(body: bytes, wanted: tuple[str, ...]) -> Answer:
             raise PodLabelsError("malformed", "a pod list item without metadata")
         name, namespace = metadata.get("name"), metadata.get("namespace")
         labels = metadata.get("labels") or {}
-        if not (isinstance(name, str) and isinstance(namespace, str) and _SUBDOMAIN.fullmatch(name)
-                and _LABEL.fullmatch(namespace)) or not isinstance(labels, dict):
+        if not (isinstance(name, str) and isinstance(namespace, str) and SUBDOMAIN.fullmatch(name)
+                and LABEL.fullmatch(namespace)) or not isinstance(labels, dict):
             invalid += 1
             continue
         values = []
