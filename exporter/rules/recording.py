@@ -65,27 +65,30 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
     """What the GPU did with its time, from DCGM's profiling ratios (absent without the dcgm source)."""
     c, w = s.cluster_label, s.windows[0]
     sm, dram = f"gpu:goodput_gpu_sm_active_ratio:avg{w}", f"gpu:goodput_gpu_dram_active_ratio:avg{w}"
-    pipe = f"gpu:goodput_gpu_pipe_active_ratio:max_avg{w}"
     cls = f"gpu:goodput_gpu_activity_class:avg{w}"
-    pipes = "\n  or\n".join(f'  label_replace(avg_over_time(goodput_gpu_{p}_active_ratio[{w}]), "pipe", "{p}", "", "")'
-                            for p in PIPES)
+
+    def avg(ratio: str) -> Rule:
+        return {"record": f"gpu:goodput_gpu_{ratio}_active_ratio:avg{w}",
+                "expr": f"avg_over_time(goodput_gpu_{ratio}_active_ratio[{w}])"}
 
     def member(expr: str, name: str) -> str:
         return f'label_replace(({expr}) * 0 + 1, "class", "{name}", "", "")'
 
-    inputs = [
-        {"record": sm, "expr": f"avg_over_time(goodput_gpu_sm_active_ratio[{w}])"},
-        {"record": dram, "expr": f"avg_over_time(goodput_gpu_dram_active_ratio[{w}])"},
-    ]
-    # the busiest math pipe, whichever it is
-    pipe_rules = [{"record": pipe, "expr": f"max without (pipe) (\n{pipes}\n)"}]
+    # Each average reads 10,000 raw series at 10,000 GPUs; split over two groups, so that neither takes
+    # a second (bench/results.md).
+    inputs = [avg("sm"), avg("dram"), avg(PIPES[0])]
+    pipes = [avg(p) for p in PIPES[1:]]
+    # compute-bound: any math pipe busy. Each comparison keeps only the GPUs over the threshold, so the
+    # `or` joins few series; a per-GPU maximum of the four pipes would join 40,000 at 10,000 GPUs.
+    busy_pipe = "\n  or ".join(f"gpu:goodput_gpu_{p}_active_ratio:avg{w} >= {s.compute_bound_pipe_ratio:g}"
+                            for p in PIPES)
     classes = [
         # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
         # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
         # latency, launch or synchronization bound). Value 1, so averages give shares.
         {"record": cls,
          "expr": f"{member(f'{sm} < {s.underused_sm_active_ratio:g}', 'underused')}\n"
-                 f"or ignoring (class)\n{member(f'{pipe} >= {s.compute_bound_pipe_ratio:g}', 'compute_bound')}\n"
+                 f"or ignoring (class)\n{member(busy_pipe, 'compute_bound')}\n"
                  f"or ignoring (class)\n{member(f'{dram} >= {s.memory_bound_dram_ratio:g}', 'memory_bound')}\n"
                  f"or ignoring (class)\n{member(sm, 'other')}"},
     ]
@@ -100,10 +103,10 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
                  f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left () {cls}\n)"},
     ]
-    return [inputs, pipe_rules, classes, shares]
+    return [inputs, pipes, classes, shares]
 
 
-def _attribution(s: RulesSettings) -> list[Rule]:
+def _attribution(s: RulesSettings) -> list[list[Rule]]:
     """Per workload and per namespace, through who holds each GPU (goodput_gpu_workload_info from the
     processes, goodput_gpu_pod_info from the kubelet)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
@@ -118,7 +121,7 @@ def _attribution(s: RulesSettings) -> list[Rule]:
         for level, info in held.items()]
     phases = f"workload:goodput_phase_seconds:rate{w}"
     ns = "workload:goodput_namespace:info"
-    rules += [
+    namespaces: list[Rule] = [
         # the namespace of each workload's GPUs; one per workload (a workload is one job, in one namespace)
         {"record": ns,
          "expr": f"topk by ({c}, workload) (1,\n  max by ({c}, workload, namespace) (\n"
@@ -132,7 +135,7 @@ def _attribution(s: RulesSettings) -> list[Rule]:
                  f"/ (sum by ({c}, namespace) (\n  sum without (phase) ({phases})\n"
                  f"  * on ({c}, workload) group_left (namespace) {ns}\n) > 0)"},
     ]
-    return rules
+    return [rules, namespaces]
 
 
 def _level(s: RulesSettings, level: str) -> list[Rule]:
@@ -271,10 +274,11 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.straggler_ratio",
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
-        {"name": "goodput.attribution", "rules": _attribution(s)},
+        *({"name": name, "rules": rules} for name, rules in zip(
+            ("goodput.attribution", "goodput.attribution_namespace"), _attribution(s), strict=True)),
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
-    groups += [  # each reads what the one before recorded, one evaluation old
+    groups += [  # the class reads the averages the first two record (one evaluation old), the shares the class
         {"name": name, "interval": s.slow_groups_interval, "rules": rules}
         for name, rules in zip(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",
                                 "goodput.gpu_activity_share"), _gpu_activity(s), strict=True)]
