@@ -39,8 +39,8 @@ LABEL org.opencontainers.image.title="goodput-exporter" \
 
 # A fixed numeric user, so that Kubernetes' runAsNonRoot can verify it without reading /etc/passwd. The
 # directory of the default events socket and flight-recorder dumps (ingest.socket_path, flight.dir) is
-# theirs; on Kubernetes a hostPath shared with the training pods is mounted there. Nothing in the final
-# image can install packages: the base image's pip, setuptools and wheel are removed.
+# theirs; on Kubernetes a hostPath shared with the training pods is mounted there. The base image's pip,
+# setuptools and wheel are removed: the running image has no installer on its PATH.
 RUN groupadd --system --gid 65532 goodput \
     && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
         --shell /usr/sbin/nologin goodput \
