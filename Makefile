@@ -19,7 +19,7 @@ GRAFANA_SCHEMA_DIR := tests/grafana_schema
 GRAFANA_SCHEMA := $(GRAFANA_SCHEMA_DIR)/dashboard.schema.json
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: demo test bench lint docs rules dashboards dashboard-schema deps venv clean flight-dumps proto
+.PHONY: demo test bench lint docs rules dashboards helm dashboard-schema deps venv clean flight-dumps proto
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -61,10 +61,18 @@ docs: venv
 # Regenerate rules/ from exporter/rules/ (defaults); a test fails when the committed files are stale.
 rules: venv
 	$(BIN)/goodput-exporter rules --out rules
+	$(MAKE) -s helm
 
 # Regenerate dashboards/ from exporter/dashboards/ (grafana-foundation-sdk); a test fails when they are stale.
 dashboards: venv
 	$(BIN)/python -m exporter.dashboards --out dashboards
+	$(MAKE) -s helm
+
+# Regenerate the chart's generated files (its copies of the rules and dashboards, values.schema.json) and the
+# plain manifests under deploy/ (the chart rendered); tests fail when they are stale. `rules` and `dashboards`
+# run it too.
+helm: venv
+	$(BIN)/python -m exporter.chart --deploy
 
 # The JSON schema of Grafana's dashboard model, generated from the pinned @grafana/schema's TypeScript types by
 # the pinned ts-json-schema-generator (both in $(GRAFANA_SCHEMA_DIR)/package-lock.json); ignored by git.
