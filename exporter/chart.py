@@ -131,7 +131,8 @@ _ABS_PATH = {"type": "string", "pattern": "^/"}
 def _monitor(kind: str) -> dict[str, Any]:
     return _object({
         "enabled": _BOOL, "labels": _STRMAP, "interval": _DURATION, "scrapeTimeout": _DURATION,
-        "honorLabels": _BOOL, "nodeLabel": {"type": "boolean", "description": "add node=<node name>"},
+        "honorLabels": _BOOL,
+        "nodeLabel": {"type": "boolean", "description": "name the node in instance and node (not the pod IP:port)"},
         "relabelings": _LIST, "metricRelabelings": _LIST,
     }, f"a {kind} for the Prometheus Operator")
 

@@ -6,6 +6,7 @@ exactly the privilege it needs, the PrometheusRule holds the groups of rules/, a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tomllib
@@ -19,6 +20,7 @@ import yaml
 from conftest import ROOT
 from k8s_checks import KUBE_VERSIONS, OPERATOR_KINDS, operator_problems, validate_core
 
+from exporter.catalog import CATALOG
 from exporter.chart import CHART, chart_files, manifests
 from exporter.config import ConfigError, env_name, load, read_file, settable_keys
 
@@ -172,7 +174,7 @@ def test_security_defaults(chart: helm.Chart) -> None:
 def test_non_root_where_no_feature_needs_root(chart: helm.Chart) -> None:
     objects = render(chart, COMBINATIONS["non-root"])
     security = container(objects)["securityContext"]
-    assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (65534, 65534, True)
+    assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (65532, 65532, True)
     volumes = {v["name"] for v in pod_spec(objects)["volumes"]}
     assert volumes == {"tmp", "flight"}
     env = env_of(objects)
@@ -322,8 +324,9 @@ def test_monitors(chart: helm.Chart) -> None:
     (endpoint,) = monitor["spec"]["endpoints"]
     assert (endpoint["port"], endpoint["interval"], endpoint["scrapeTimeout"], endpoint["honorLabels"]) == (
         "metrics", "15s", "5s", True)
-    assert endpoint["relabelings"] == [{"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"],
-                                        "targetLabel": "node"}]
+    assert endpoint["relabelings"][-2:] == [
+        {"action": "replace", "sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": label}
+        for label in ("instance", "node")]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= only(objects, "Service")["metadata"]["labels"].items()
     assert monitor["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
     objects = render(chart, COMBINATIONS["pod-monitor"])
@@ -336,10 +339,38 @@ def test_monitors(chart: helm.Chart) -> None:
     # empty interval: Prometheus' global one
     (endpoint,) = only(render(chart, {"podMonitor": {"enabled": True, "interval": "", "nodeLabel": False}}),
                        "PodMonitor")["spec"]["podMetricsEndpoints"]
-    assert "interval" not in endpoint and "relabelings" not in endpoint
+    assert "interval" not in endpoint
+    assert not {"instance", "node"} & {r.get("targetLabel") for r in endpoint["relabelings"]}
     with pytest.raises(helm.HelmRenderError, match=r"serviceMonitor\.enabled needs service\.enabled"):
         chart.render({"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}, name=RELEASE,
                      namespace=NAMESPACE)
+
+
+# The labels the Prometheus Operator gives every target of a ServiceMonitor or PodMonitor before the monitor's own
+# relabelings run (job from jobLabel, instance from the address).
+OPERATOR_TARGET_LABELS = ("namespace", "service", "pod", "container", "endpoint", "job", "instance")
+
+
+@pytest.mark.parametrize("kind", ["ServiceMonitor", "PodMonitor"])
+def test_monitor_target_labels_leave_the_exported_labels_alone(chart: helm.Chart, kind: str) -> None:
+    """A target label named like a label of our series (namespace, pod and container on goodput_gpu_pod_info)
+    would make Prometheus rename the series' one exported_<name>, and the rules' joins would find nothing."""
+    exported = {label for metric in CATALOG.values() for label in metric.labels}
+    key = {"ServiceMonitor": "endpoints", "PodMonitor": "podMetricsEndpoints"}[kind]
+    section = {"ServiceMonitor": "serviceMonitor", "PodMonitor": "podMonitor"}[kind]
+    assert exported & set(OPERATOR_TARGET_LABELS), "the clash this test guards against is gone: update the test"
+    (endpoint,) = only(render(chart, {section: {"enabled": True}}), kind)["spec"][key]
+    labels = set(OPERATOR_TARGET_LABELS)
+    for rule in endpoint["relabelings"]:  # replace and labeldrop, the two actions the chart uses
+        if rule["action"] == "replace":
+            if all(source in labels or source.startswith("__meta_") for source in rule["sourceLabels"]):
+                labels.add(rule["targetLabel"])
+        elif rule["action"] == "labeldrop":
+            labels = {label for label in labels if not re.fullmatch(rule["regex"], label)}
+        else:
+            pytest.fail(f"relabel action {rule['action']} not modelled here")
+    assert not labels & exported, f"{kind} target labels {labels & exported} clash with exported labels"
+    assert {"exporter_namespace", "exporter_pod", "node"} <= labels
 
 
 def test_the_prometheus_rule_holds_the_groups_of_rules_dir(chart: helm.Chart) -> None:

@@ -75,8 +75,8 @@ capabilities the enabled features need. */}}
 {{- $_ := set $sc "runAsGroup" 0 -}}
 {{- $_ := set $sc "runAsNonRoot" false -}}
 {{- else -}}
-{{- $_ := set $sc "runAsUser" 65534 -}}
-{{- $_ := set $sc "runAsGroup" 65534 -}}
+{{- $_ := set $sc "runAsUser" 65532 -}}
+{{- $_ := set $sc "runAsGroup" 65532 -}}
 {{- $_ := set $sc "runAsNonRoot" true -}}
 {{- end -}}
 {{- end -}}
@@ -91,9 +91,24 @@ capabilities the enabled features need. */}}
 {{- toYaml $sc -}}
 {{- end -}}
 
-{{/* Labels for the Prometheus Operator monitors: the node name as `node`. */}}
+{{/* Labels for the Prometheus Operator monitors. The operator gives every target namespace, pod and container
+labels, the exporter pod's own; goodput_gpu_pod_info carries labels of those names for the pod holding each GPU,
+which Prometheus would rename exported_namespace, exported_pod and exported_container, breaking the rules'
+joins. The exporter pod's are kept as exporter_namespace and exporter_pod instead. With nodeLabel, the node's
+name is `instance` (one exporter per node; the rules name a node by instance) and `node`. */}}
 {{- define "goodput-exporter.relabelings" -}}
+- action: replace
+  sourceLabels: [namespace]
+  targetLabel: exporter_namespace
+- action: replace
+  sourceLabels: [pod]
+  targetLabel: exporter_pod
+- action: labeldrop
+  regex: namespace|pod|container
 {{- if .monitor.nodeLabel }}
+- action: replace
+  sourceLabels: [__meta_kubernetes_pod_node_name]
+  targetLabel: instance
 - action: replace
   sourceLabels: [__meta_kubernetes_pod_node_name]
   targetLabel: node
