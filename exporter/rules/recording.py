@@ -148,16 +148,23 @@ def _level(s: RulesSettings, level: str) -> list[Rule]:
     return rules
 
 
-def _gpu_long(s: RulesSettings, long: str) -> list[Rule]:
+def _gpu_long(s: RulesSettings, long: str) -> list[list[Rule]]:
+    """The long-window idle ratios, in three groups: the GPU level (10,000 series an hour long each, at
+    10,000 GPUs), the allocation split of it, and the levels above (few series)."""
     # For the allocation split this is the mean over the short windows in which the GPU was
     # allocated (or not): a GPU allocated half the hour shows in both, each over its own half.
     short = s.windows[0]
-    rules = [{"record": f"{level}:goodput_gpu_{kind}_ratio:rate{long}",
-              "expr": f"avg_over_time({level}:goodput_gpu_{kind}_ratio:rate{short}[{long}])"}
-             for level in ("gpu", "node", "cluster") for kind in IDLE_KINDS]
-    return rules + [{"record": f"{level}:goodput_gpu_idle_ratio:rate{long}",
-                     "expr": f"avg_over_time({level}:goodput_gpu_idle_ratio:rate{short}[{long}])"}
-                    for level in ("workload", "namespace")]
+
+    def avg(level: str, kind: str) -> Rule:
+        return {"record": f"{level}:goodput_gpu_{kind}_ratio:rate{long}",
+                "expr": f"avg_over_time({level}:goodput_gpu_{kind}_ratio:rate{short}[{long}])"}
+
+    return [
+        [avg("gpu", "idle")],
+        [avg("gpu", kind) for kind in IDLE_KINDS[1:]],
+        [avg(level, kind) for level in ("node", "cluster") for kind in IDLE_KINDS]
+        + [avg(level, "idle") for level in ("workload", "namespace")],
+    ]
 
 
 def _goodput(phases: str, w: str) -> list[Rule]:
@@ -284,7 +291,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
                                 "goodput.gpu_activity_share"), _gpu_activity(s), strict=True)]
     for long in s.windows[1:]:
         groups += [
-            {"name": f"goodput.gpu.{long}", "interval": s.slow_groups_interval, "rules": _gpu_long(s, long)},
+            *({"name": f"goodput.{name}.{long}", "interval": s.slow_groups_interval, "rules": rules}
+              for name, rules in zip(("gpu", "gpu_allocation", "rollup"), _gpu_long(s, long), strict=True)),
             {"name": f"goodput.workload.{long}", "interval": s.slow_groups_interval,
              "rules": _workload_long(s, long)},
         ]
