@@ -32,8 +32,11 @@ def create_app(daemon: Daemon) -> FastAPI:
     app = FastAPI(title="goodput-exporter", version=__version__, docs_url=None, redoc_url=None,
                   openapi_url=None)
 
+    # async: served on the event loop's thread. The body is joined from pre-rendered blocks (no I/O), and a
+    # sync handler's hop to a worker thread and back costs two more waits for the GIL while a collector
+    # holds it, which showed in the p99 (bench/results.md).
     @app.get("/metrics")
-    def metrics(request: Request) -> Response:
+    async def metrics(request: Request) -> Response:
         headers = request.headers
         fmt = OPENMETRICS if wants_openmetrics(headers.get("accept", "")) else TEXT
         compress = "gzip" in headers.get("accept-encoding", "")
@@ -42,7 +45,7 @@ def create_app(daemon: Daemon) -> FastAPI:
         return Response(body, media_type=CONTENT_TYPES[fmt], headers=response_headers)
 
     @app.get("/healthz")
-    def healthz() -> Response:
+    async def healthz() -> Response:
         return Response("ok\n", media_type="text/plain")
 
     @app.get("/readyz")
