@@ -19,9 +19,8 @@ attribution info series (workload and pod), so the groups reading them cost what
 The long-window (1h) groups average what the short-window (5m) rules recorded, so the history also
 holds an hour of those recorded series, as a Prometheus that has run the rules for an hour would: the
 names are read from the long groups' expressions and the label sets follow the fleet; their values
-are constants (the cost of a range read does not depend on them), and a check at the end proves every
-series the short groups record had a full hour behind it. Those series are written a minute apart;
-Prometheus would have recorded them every 15 s, so its 1h range reads hold up to 4x the samples.
+are constants (the cost of a range read does not depend on them), written every 30 s as the rules would
+record them, and a check at the end proves every series the short groups record had a full hour behind it.
 """
 
 from __future__ import annotations
@@ -65,9 +64,14 @@ class Result:
     samples: int
     groups: dict[str, tuple[float, float, float, int]]  # name -> (first s, steady median s, steady worst s, rules)
     rules: dict[str, float]  # rule name -> steady median evaluation time, s
+    members: dict[str, list[str]]  # group -> its rules' names
     slow: set[str]  # groups evaluated at their own, longer interval
     per_gpu_series: float  # series with a gpu label, per GPU, of one daemon at default settings
     per_gpu_total: float  # all series of that daemon, per GPU
+
+    def slowest(self, group: str) -> tuple[str, float]:
+        """The group's rule with the largest steady median evaluation time."""
+        return max(((name, self.rules.get(name, 0.0)) for name in self.members[group]), key=lambda item: item[1])
 
 
 def _allocated(node: int, gpu: int) -> bool:
@@ -120,19 +124,20 @@ def _write_history(path: Path, now: int, long_inputs: list[str]) -> tuple[int, i
     start = now - HISTORY
     end = now + AHEAD
     times = list(range(start - start % STEP, end - RECENT, STEP)) + list(range(end - RECENT, end, SCRAPE))
-    n = len(times)
-    series = 0
+    # the recorded series at the interval their rules are evaluated at, as the long windows read them
+    recorded = list(range(start - start % EVAL_INTERVAL, end, EVAL_INTERVAL))
+    series = samples = 0
     with path.open("w") as out:
         def counter(name: str, labels: str, per_second: float) -> None:
-            nonlocal series
-            series += 1
+            nonlocal series, samples
+            series, samples = series + 1, samples + len(times)
             out.writelines(f"{name}{{{labels}}} {round((t - times[0]) * per_second, 3)} {t}\n" for t in times)
 
-        def gauge(name: str, labels: str, value: float) -> None:
-            nonlocal series
-            series += 1
+        def gauge(name: str, labels: str, value: float, at: list[int] = times) -> None:
+            nonlocal series, samples
+            series, samples = series + 1, samples + len(at)
             head = f"{name}{{{labels}}} {value} " if labels else f"{name} {value} "
-            out.writelines(f"{head}{t}\n" for t in times)
+            out.writelines(f"{head}{t}\n" for t in at)
 
         for family, kind in (("goodput_gpu_idle_seconds", "counter"), ("goodput_gpu_sampled_seconds", "counter"),
                              ("goodput_gpu_allocated", "gauge"), ("goodput_gpu_memory_used_bytes", "gauge"),
@@ -216,9 +221,9 @@ def _write_history(path: Path, now: int, long_inputs: list[str]) -> tuple[int, i
         for name in long_inputs:
             out.write(f"# TYPE {name} gauge\n")
             for labels in _recorded_labels(name):
-                gauge(name, labels, 0.25)
+                gauge(name, labels, 0.25, recorded)
         out.write("# EOF\n")
-    return series, series * n
+    return series, samples
 
 
 def _get(port: int, path: str) -> dict:  # type: ignore[type-arg]
@@ -277,6 +282,7 @@ def run() -> Result:
     durations: dict[str, list[float]] = {}
     rule_times: dict[str, list[float]] = {}
     sizes: dict[str, int] = {}
+    members: dict[str, list[str]] = {}
     try:
         deadline = time.monotonic() + 600
         seen: dict[str, str] = {}
@@ -296,6 +302,7 @@ def run() -> Result:
                     seen[name] = last
                     durations.setdefault(name, []).append(group["evaluationTime"])
                     sizes[name] = len(group["rules"])
+                    members[name] = [rule["name"] for rule in group["rules"]]
                     if len(durations[name]) > (1 if name in slow else COLD):
                         for rule in group["rules"]:
                             rule_times.setdefault(rule["name"], []).append(rule["evaluationTime"])
@@ -309,7 +316,7 @@ def run() -> Result:
             assert check and float(check[0]["value"][1]) == expected, (rule, check)
         for name in long_inputs:  # every series a short group records had a full hour behind it
             total = _query(port, f"count({name})")
-            full = _query(port, f"count(count_over_time({name}[1h]) >= 55)")
+            full = _query(port, f"count(count_over_time({name}[1h]) >= {3600 // EVAL_INTERVAL - 5})")
             assert total and full and total[0]["value"][1] == full[0]["value"][1], (name, total, full)
         if "out of bounds" in (WORK / "prometheus.log").read_text():
             raise RuntimeError("Prometheus discarded rule results as out of bounds")
@@ -320,7 +327,9 @@ def run() -> Result:
     steady = {name: v[1:] if name in slow else v[COLD:] for name, v in durations.items()}
     return Result(series, samples, {name: (v[0], statistics.median(steady[name]), max(steady[name]), sizes[name])
                                     for name, v in sorted(durations.items())},
-                  {name: statistics.median(v) for name, v in rule_times.items()}, slow, per_gpu, per_gpu_total)
+                  {name: statistics.median(v) for name, v in rule_times.items()}, members, slow, per_gpu,
+                  per_gpu_total)
+
 
 
 if __name__ == "__main__":
