@@ -281,7 +281,6 @@ def run() -> Result:
                             stdout=(WORK / "prometheus.log").open("wb"), stderr=subprocess.STDOUT)
     durations: dict[str, list[float]] = {}
     rule_times: dict[str, list[float]] = {}
-    sizes: dict[str, int] = {}
     members: dict[str, list[str]] = {}
     try:
         deadline = time.monotonic() + 600
@@ -301,7 +300,6 @@ def run() -> Result:
                 if last and not last.startswith("0001") and seen.get(name) != last:
                     seen[name] = last
                     durations.setdefault(name, []).append(group["evaluationTime"])
-                    sizes[name] = len(group["rules"])
                     members[name] = [rule["name"] for rule in group["rules"]]
                     if len(durations[name]) > (1 if name in slow else COLD):
                         for rule in group["rules"]:
@@ -325,11 +323,10 @@ def run() -> Result:
         proc.wait(30)
     per_gpu, per_gpu_total = _per_gpu_series()
     steady = {name: v[1:] if name in slow else v[COLD:] for name, v in durations.items()}
-    return Result(series, samples, {name: (v[0], statistics.median(steady[name]), max(steady[name]), sizes[name])
+    return Result(series, samples, {name: (v[0], statistics.median(steady[name]), max(steady[name]), len(members[name]))
                                     for name, v in sorted(durations.items())},
                   {name: statistics.median(v) for name, v in rule_times.items()}, members, slow, per_gpu,
                   per_gpu_total)
-
 
 
 if __name__ == "__main__":

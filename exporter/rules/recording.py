@@ -64,12 +64,15 @@ PIPES = ("tensor", "fp16", "fp32", "fp64")
 def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
     """What the GPU did with its time, from DCGM's profiling ratios (absent without the dcgm source)."""
     c, w = s.cluster_label, s.windows[0]
-    sm, dram = f"gpu:goodput_gpu_sm_active_ratio:avg{w}", f"gpu:goodput_gpu_dram_active_ratio:avg{w}"
-    cls = f"gpu:goodput_gpu_activity_class:avg{w}"
+
+    def recorded(ratio: str) -> str:
+        return f"gpu:goodput_gpu_{ratio}_active_ratio:avg{w}"
 
     def avg(ratio: str) -> Rule:
-        return {"record": f"gpu:goodput_gpu_{ratio}_active_ratio:avg{w}",
-                "expr": f"avg_over_time(goodput_gpu_{ratio}_active_ratio[{w}])"}
+        return {"record": recorded(ratio), "expr": f"avg_over_time(goodput_gpu_{ratio}_active_ratio[{w}])"}
+
+    sm, dram = recorded("sm"), recorded("dram")
+    cls = f"gpu:goodput_gpu_activity_class:avg{w}"
 
     def member(expr: str, name: str) -> str:
         return f'label_replace(({expr}) * 0 + 1, "class", "{name}", "", "")'
@@ -80,8 +83,7 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
     pipes = [avg(p) for p in PIPES[1:]]
     # compute-bound: any math pipe busy. Each comparison keeps only the GPUs over the threshold, so the
     # `or` joins few series; a per-GPU maximum of the four pipes would join 40,000 at 10,000 GPUs.
-    busy_pipe = "\n  or ".join(f"gpu:goodput_gpu_{p}_active_ratio:avg{w} >= {s.compute_bound_pipe_ratio:g}"
-                            for p in PIPES)
+    busy_pipe = "\n  or ".join(f"{recorded(p)} >= {s.compute_bound_pipe_ratio:g}" for p in PIPES)
     classes = [
         # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
         # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
@@ -269,6 +271,12 @@ def _collective(s: RulesSettings) -> list[Rule]:
     ]
 
 
+def _groups(names: tuple[str, ...], rule_lists: list[list[Rule]], interval: str | None = None) -> list[Group]:
+    """One group per list of rules, named in order (a rule set split so that no group reads too much)."""
+    return [{"name": name, **({"interval": interval} if interval else {}), "rules": rules}
+            for name, rules in zip(names, rule_lists, strict=True)]
+
+
 def recording_groups(s: RulesSettings) -> list[Group]:
     groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
@@ -281,18 +289,16 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.straggler_ratio",
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
-        *({"name": name, "rules": rules} for name, rules in zip(
-            ("goodput.attribution", "goodput.attribution_namespace"), _attribution(s), strict=True)),
+        *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),
         {"name": "goodput.collective", "rules": _collective(s)},
     ]
-    groups += [  # the class reads the averages the first two record (one evaluation old), the shares the class
-        {"name": name, "interval": s.slow_groups_interval, "rules": rules}
-        for name, rules in zip(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",
-                                "goodput.gpu_activity_share"), _gpu_activity(s), strict=True)]
+    # the class reads the averages the first two record (one evaluation old), the shares the class
+    groups += _groups(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",
+                       "goodput.gpu_activity_share"), _gpu_activity(s), s.slow_groups_interval)
     for long in s.windows[1:]:
         groups += [
-            *({"name": f"goodput.{name}.{long}", "interval": s.slow_groups_interval, "rules": rules}
-              for name, rules in zip(("gpu", "gpu_allocation", "rollup"), _gpu_long(s, long), strict=True)),
+            *_groups((f"goodput.gpu.{long}", f"goodput.gpu_allocation.{long}", f"goodput.rollup.{long}"),
+                     _gpu_long(s, long), s.slow_groups_interval),
             {"name": f"goodput.workload.{long}", "interval": s.slow_groups_interval,
              "rules": _workload_long(s, long)},
         ]
