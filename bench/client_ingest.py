@@ -1,9 +1,11 @@
-"""Client hot-path cost per recorded phase, and ingest throughput over the Unix socket."""
+"""goodput_client: hot-path cost per recorded phase, import time, and ingest throughput over the Unix socket."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -11,17 +13,20 @@ import time
 import timeit
 from pathlib import Path
 
-import httpx
 import uvicorn
+from goodput_client import Telemetry
+from goodput_client.contract import EVENTS_PATH, batch_body, encode, phase_event
+from goodput_client.transport import Transport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.client import Telemetry
-from exporter.ingest.app import create_ingest_app
-from exporter.ingest.state import IngestState
-from exporter.sockets import unix_socket
+from exporter.core.http import unix_socket
+from exporter.sources.ingest.app import create_ingest_app
+from exporter.sources.ingest.state import IngestState
 
+ROOT = Path(__file__).resolve().parent.parent
 BATCH = 5000
 REQUESTS = 40
+IMPORT_RUNS = 5
 
 
 def hot_path_microseconds() -> tuple[float, float]:
@@ -52,19 +57,47 @@ def ingest_events_per_second() -> float:
     thread.start()
     while not server.started:
         time.sleep(0.01)
-    events = [{"type": "phase", "workload": "bench", "rank": i % 8, "phase": "compute", "seconds": 0.01}
-              for i in range(BATCH)]
-    body = {"events": events}
-    with httpx.Client(transport=httpx.HTTPTransport(uds=path), base_url="http://goodput", timeout=30) as client:
-        client.post("/v1/events", json=body)  # warm-up
-        started = time.perf_counter()
-        for _ in range(REQUESTS):
-            assert client.post("/v1/events", json=body).status_code == 200
-        elapsed = time.perf_counter() - started
+    events = batch_body([phase_event("bench", i % 8, "compute", 0.01) for i in range(BATCH)])
+    transport = Transport(socket_path=path, timeout=30)  # the client's own sender: one kept-alive connection
+    transport.post(EVENTS_PATH, encode(events))  # warm-up
+    started = time.perf_counter()
+    for _ in range(REQUESTS):
+        assert transport.post(EVENTS_PATH, encode(events))[0] == 200
+    elapsed = time.perf_counter() - started
+    transport.close()
     server.should_exit = True
     thread.join(5)
     return REQUESTS * BATCH / elapsed
 
 
+def import_microseconds() -> int:
+    """`import goodput_client` as a training image has it: the package in the site-packages of a fresh venv
+    (no .pth file, nothing of the checkout); the cumulative `-X importtime` figure, best of IMPORT_RUNS
+    after one run that writes the bytecode. Target < 30 ms."""
+    with tempfile.TemporaryDirectory(prefix="gp-import-") as top:
+        venv = Path(top) / "venv"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        python = str(venv / "bin" / "python")
+        site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+                              check=True, capture_output=True, text=True).stdout.strip()
+        shutil.copytree(ROOT / "client" / "goodput_client", Path(site) / "goodput_client",
+                        ignore=shutil.ignore_patterns("__pycache__"))
+        runs = [_import_time(python, top) for _ in range(IMPORT_RUNS + 1)]
+    return min(runs[1:])
+
+
+def _import_time(python: str, cwd: str) -> int:
+    result = subprocess.run([python, "-X", "importtime", "-c", "import goodput_client"], cwd=cwd, check=True,
+                            capture_output=True, text=True, env={"PATH": os.environ.get("PATH", "")})
+    for line in result.stderr.splitlines():
+        fields = line.removeprefix("import time:").split("|")
+        if len(fields) == 3 and fields[2].strip() == "goodput_client":
+            return int(fields[1])
+    raise RuntimeError(f"no goodput_client line in:\n{result.stderr}")
+
+
 if __name__ == "__main__":
-    print(hot_path_microseconds(), ingest_events_per_second())
+    with_phase, record = hot_path_microseconds()
+    print(f"with telemetry.phase(...): {with_phase:.2f} µs; record_phase: {record:.2f} µs (target < 5 µs)")
+    print(f"import goodput_client: {import_microseconds()} µs (target < 30,000 µs)")
+    print(f"ingest: {ingest_events_per_second():,.0f} events/s (target > 50,000)")

@@ -1,36 +1,49 @@
-"""exporter.client against a real daemon: a 2-rank PyTorch job, a slow rank, no daemon, load."""
+"""goodput_client against a real daemon: a 2-rank PyTorch job (in a venv holding only PyTorch and
+goodput-client), a slow rank, no daemon, load."""
 
 from __future__ import annotations
 
 import json
 import os
 import pickle
+import shutil
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 from conftest import ROOT, live_server, quick_config, series, socket_path, value, wait_for
+from goodput_client import Telemetry
 
-from exporter.client import Telemetry
-from exporter.gpu.simulated import SimulatedGpus
+from exporter.sources.nvml.simulated import SimulatedGpus
 
-torch = pytest.importorskip("torch", reason="`make test` installs torch==2.13.0 (CPU)")
+if TYPE_CHECKING:
+    from job_env import Venv
+
+pytest_plugins = ["job_env"]  # the session's job venv: PyTorch and goodput-client only
 
 
-def run_job(tmp_path: Path, sock: str, **env: str) -> dict[int, dict]:
-    """Run train_ddp.py under torchrun; returns what each rank measured itself."""
-    environment = {**os.environ, "SOCKET": sock, "OUT_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), **env}
-    torchrun = Path(sys.executable).parent / "torchrun"
+def run_job(job_env: Venv, tmp_path: Path, sock: str, **env: str) -> dict[int, dict]:
+    """Run train_ddp.py under the job venv's torchrun, outside the checkout; returns what each rank
+    measured itself, after checking that the job saw only the installed client."""
+    script = tmp_path / "train_ddp.py"  # not from tests/: nothing of the checkout on the job's sys.path
+    shutil.copyfile(ROOT / "tests" / "train_ddp.py", script)
     result = subprocess.run(
-        [str(torchrun), "--standalone", "--nproc-per-node", "2", str(ROOT / "tests" / "train_ddp.py")],
-        env=environment, capture_output=True, text=True, timeout=240)
+        [str(job_env.bin("torchrun")), "--standalone", "--nproc-per-node", "2", str(script)],
+        env=job_env.environ(SOCKET=sock, OUT_DIR=str(tmp_path), **env), cwd=tmp_path, capture_output=True,
+        text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return {rank: json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)}
+    measured = {rank: json.loads((tmp_path / f"rank-{rank}.json").read_text()) for rank in (0, 1)}
+    for own in measured.values():
+        environment = own.pop("environment")
+        assert environment["daemon_modules"] == [], environment
+        assert Path(environment["client_file"]).is_relative_to(job_env.root), environment
+    return measured
 
 
 def job_workload(live: object, steps: int) -> tuple[str, str]:
@@ -53,10 +66,10 @@ def phase_seconds(text: str, rank: int, phase: str, workload: str) -> float:
     return value(text, "goodput_phase_seconds_total", workload=workload, rank=str(rank), phase=phase)
 
 
-def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
+def test_two_rank_job_reports_what_it_measured(job_env: Venv, tmp_path: Path) -> None:
     config = quick_config(flight={"dir": str(tmp_path / "fr"), "interval": "100ms"})
     with live_server(config, backend=SimulatedGpus(1)) as live:
-        measured = run_job(tmp_path, config.ingest.socket_path, STEPS="12", FR_DIR=str(tmp_path / "fr"))
+        measured = run_job(job_env, tmp_path, config.ingest.socket_path, STEPS="12", FR_DIR=str(tmp_path / "fr"))
         workload, _ = job_workload(live, 12)
         # the periodic flight-recorder dumps reach the daemon's flight source: every all_reduce of
         # the job (weight and bias, every step), with the bytes of the gradients (16 + 1 floats)
@@ -90,11 +103,11 @@ def test_two_rank_job_reports_what_it_measured(tmp_path: Path) -> None:
     assert value(text, "goodput_flight_recorder_files") == 2
 
 
-def test_a_slow_data_loader_shows_on_its_rank(tmp_path: Path) -> None:
+def test_a_slow_data_loader_shows_on_its_rank(job_env: Venv, tmp_path: Path) -> None:
     config = quick_config()
     steps, slow = 8, 0.15
     with live_server(config, backend=SimulatedGpus(1)) as live:
-        measured = run_job(tmp_path, config.ingest.socket_path, STEPS=str(steps), SLOW_RANK="1",
+        measured = run_job(job_env, tmp_path, config.ingest.socket_path, STEPS=str(steps), SLOW_RANK="1",
                            SLOW_SECONDS=str(slow))
         workload, text = job_workload(live, steps)
     slow_wait = phase_seconds(text, 1, "data_wait", workload)
@@ -163,7 +176,7 @@ def test_launcher_environment_names_the_rank(monkeypatch: pytest.MonkeyPatch, tm
 
 LOAD_CLIENT = """
 import sys
-from exporter.client import Telemetry
+from goodput_client import Telemetry
 sock, rank, count = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 t = Telemetry("load", rank, socket_path=sock, flush_interval=0.02, max_queue=10**6)
 for i in range(count):

@@ -1,25 +1,29 @@
-"""A tiny 2-rank CPU training job (gloo) instrumented with exporter.client; run by torchrun from tests.
+"""A tiny 2-rank CPU training job (gloo) instrumented with goodput_client; run by torchrun from tests.
 
 Each rank measures its own totals the same way the client reports them and writes them to
-$OUT_DIR/rank-N.json, so the test can compare /metrics with what the loop measured itself.
+$OUT_DIR/rank-N.json, so the test can compare /metrics with what the loop measured itself. It also
+records where goodput_client came from and which of the daemon's modules it could import: the tests
+run it in a venv holding only PyTorch and goodput-client, as a training image would.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
 import time
 
+import goodput_client
 import torch
 import torch.distributed as dist
+from goodput_client import Telemetry
 from torch.utils.data import DataLoader, Dataset
-
-from exporter.client import Telemetry
 
 STEPS = int(os.environ.get("STEPS", "12"))
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_SECONDS = float(os.environ.get("SLOW_SECONDS", "0"))
+DAEMON_MODULES = ("exporter", "fastapi", "httpx", "pydantic", "uvicorn", "grpc")
 
 
 class Numbers(Dataset):
@@ -83,8 +87,10 @@ def main() -> None:
     telemetry.close()
     measured["sent"], measured["dropped"] = telemetry.sent, telemetry.dropped
     measured["dumps"], measured["dump_errors"] = telemetry.dumps, telemetry.dump_errors
+    environment = {"client_file": goodput_client.__file__,
+                   "daemon_modules": [name for name in DAEMON_MODULES if importlib.util.find_spec(name)]}
     with open(os.path.join(os.environ["OUT_DIR"], f"rank-{rank}.json"), "w") as out:
-        json.dump(measured, out)
+        json.dump({**measured, "environment": environment}, out)
     dist.destroy_process_group()
 
 

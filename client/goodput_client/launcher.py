@@ -1,8 +1,8 @@
 """Which workload and rank a process is, from the variables its launcher set.
 
 One definition, used by the training client (the identity it declares when none is given) and by the
-process source (the identity it reads from a GPU process's environment), so that both name a job
-the same way:
+daemon's process source (the identity it reads from a GPU process's environment), so that both name a
+job the same way:
 
     workload  TORCHELASTIC_RUN_ID (torchrun; its placeholder "none" is ignored), else SLURM_JOB_ID,
               else MASTER_ADDR:MASTER_PORT (a rendezvous every rank of one job shares). A loopback
@@ -14,7 +14,7 @@ the same way:
               its own (the node's, with hostNetwork).
     rank      RANK (global rank, torchrun and torch.distributed), else SLURM_PROCID
 
-No dependencies beyond the standard library: training jobs import it through the client.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import re
 import socket
 from collections.abc import Mapping
 
-WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"  # what POST /v1/events accepts
-MAX_RANK = 1_000_000
+from .contract import MAX_RANK, WORKLOAD_PATTERN
+
 NO_RUN_ID = "none"  # torchrun's --rdzv-id when none was given: shared by unrelated jobs, not a name
 VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "SLURM_PROCID")
 

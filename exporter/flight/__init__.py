@@ -1,1 +1,0 @@
-"""PyTorch flight-recorder dumps: safe loading, the dump schema, and the cross-rank check."""

@@ -1,1 +1,0 @@
-"""GPU backends: the real NVML library and the simulator, behind `api.GpuBackend`."""

@@ -1,1 +1,0 @@
-"""Training-side telemetry: the versioned events API, and the state it accumulates into."""
