@@ -3,9 +3,10 @@
 #   docker build -t goodput-exporter .
 #   docker run --rm -p 9445:9445 goodput-exporter --simulate 2      # no GPU needed; then curl :9445/metrics
 #
-# Two stages on the same slim Python base. The builder turns the source into a wheel and installs it, with
-# the runtime dependencies of pyproject.toml (`dependencies`, no extras: no torch, no test tools), into the
-# virtual environment /opt/venv. The final stage copies that environment and nothing else of the build. No
+# Two stages on the same slim Python base. The builder turns the daemon and the training client's wire
+# contract (client/, goodput-client, which the daemon imports) into wheels and installs them, with the runtime
+# dependencies of pyproject.toml (`dependencies`, no extras: no torch, no test tools), into the virtual
+# environment /opt/venv. The build tools (mixin/: rules, dashboards, chart files, docs, the demo) are not in it. The final stage copies that environment and nothing else of the build. No
 # stage installs a compiler: every dependency ships binary wheels for CPython 3.11 on amd64 and arm64.
 # tests/test_image.py lints this file with hadolint, checks these conventions, and builds, installs and runs
 # the package the way the builder does.
@@ -17,15 +18,17 @@ ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_ROOT_USER_ACTION=ignore
 
 WORKDIR /src
-# what building the wheel reads (.dockerignore keeps caches and bytecode out of exporter/)
+# what building the wheels reads (.dockerignore keeps caches and bytecode out of exporter/ and client/)
 COPY pyproject.toml README.md ./
 COPY exporter/ exporter/
+COPY client/ client/
 
 # The environment gets no pip of its own: the base image's pip installs into it (--python), so the final
 # image holds the exporter and its dependencies only.
-RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels ./client . \
     && python -m venv --without-pip /opt/venv \
-    && pip --python /opt/venv/bin/python install --no-cache-dir /wheels/goodput_exporter-*.whl
+    && pip --python /opt/venv/bin/python install --no-cache-dir /wheels/goodput_client-*.whl \
+        /wheels/goodput_exporter-*.whl
 
 
 FROM python:3.11-slim-bookworm

@@ -21,9 +21,11 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: demo test bench lint docs rules dashboards helm dashboard-schema deps venv clean flight-dumps proto
 
-$(BIN)/.installed: pyproject.toml
+# Three distributions from this tree, editable: the training client (client/, no dependency), the daemon (.), and
+# its build tools (mixin/: rules, dashboards, chart files, docs, the demo; never in the image).
+$(BIN)/.installed: pyproject.toml client/pyproject.toml mixin/pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ./client -e '.[test]' -e './mixin[helm,lint]'
 	touch $@
 
 venv: $(BIN)/.installed
@@ -46,7 +48,7 @@ demo: deps venv
 	  $(if $(DEMO_FAULTS),--faults $(DEMO_FAULTS))
 
 lint: venv
-	$(BIN)/ruff check exporter tests bench
+	$(BIN)/ruff check exporter client mixin tests bench
 
 test: deps venv lint dashboard-schema
 	$(BIN)/pytest -q
@@ -58,21 +60,21 @@ docs: venv
 	$(BIN)/goodput-exporter metrics-doc > docs/metrics.md
 	$(BIN)/goodput-exporter config-doc > docs/configuration.md
 
-# Regenerate rules/ from exporter/rules/ (defaults); a test fails when the committed files are stale.
+# Regenerate rules/ from mixin/goodput_mixin/rules/ (defaults); a test fails when the committed files are stale.
 rules: venv
 	$(BIN)/goodput-exporter rules --out rules
 	$(MAKE) -s helm
 
-# Regenerate dashboards/ from exporter/dashboards/ (grafana-foundation-sdk); a test fails when they are stale.
+# Regenerate dashboards/ from mixin/goodput_mixin/dashboards/ (grafana-foundation-sdk); a test fails when they are stale.
 dashboards: venv
-	$(BIN)/python -m exporter.dashboards --out dashboards
+	$(BIN)/python -m goodput_mixin.dashboards --out dashboards
 	$(MAKE) -s helm
 
 # Regenerate the chart's generated files (its copies of the rules and dashboards, values.schema.json) and the
 # plain manifests under deploy/ (the chart rendered); tests fail when they are stale. `rules` and `dashboards`
 # run it too.
 helm: venv
-	$(BIN)/python -m exporter.chart --deploy
+	$(BIN)/python -m goodput_mixin.chart --deploy
 
 # The JSON schema of Grafana's dashboard model, generated from the pinned @grafana/schema's TypeScript types by
 # the pinned ts-json-schema-generator (both in $(GRAFANA_SCHEMA_DIR)/package-lock.json); ignored by git.
@@ -86,7 +88,7 @@ $(GRAFANA_SCHEMA): $(GRAFANA_SCHEMA_DIR)/package.json $(GRAFANA_SCHEMA_DIR)/pack
 
 # Regenerate the kubelet pod-resources gRPC modules from the committed .proto (grpcio-tools, test extra);
 # a test fails when the committed modules are stale.
-PROTO := exporter/attribution/podresources_v1.proto
+PROTO := exporter/sources/kubelet/podresources_v1.proto
 proto: venv
 	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --grpc_python_out=. $(PROTO)
 

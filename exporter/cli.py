@@ -1,4 +1,9 @@
-"""Command line: `goodput-exporter [serve] [flags]`, `metrics-doc`, `config-doc`, `version`."""
+"""Command line: `goodput-exporter [serve] [flags]`, `version`, and the build tools' commands.
+
+The runtime has two commands of its own. The build tools (the goodput-mixin distribution: `demo`, `rules`,
+`metrics-doc`, `config-doc`) add theirs through the `goodput_exporter.commands` entry points, so they work
+wherever the mixin is installed and the runtime never imports it.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +13,20 @@ import logging
 import signal
 import sys
 import time
-from collections.abc import Sequence
-from pathlib import Path
+from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, flag_name, load, settable_keys
-from .sockets import bind
+from .core.http import bind
 
 log = logging.getLogger("exporter")
 
-COMMANDS = ("serve", "demo", "rules", "metrics-doc", "config-doc", "version")
+BUILTIN = ("serve", "version")
+TOOLS_GROUP = "goodput_exporter.commands"
+TOOLS_HINT = ("the build tools' commands (demo, rules, metrics-doc, config-doc) come with goodput-mixin: "
+              "pip install ./mixin from the source tree")
 
 
 def _serve_parser() -> argparse.ArgumentParser:
@@ -75,12 +83,11 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def serve(config: Config) -> int:
     import uvicorn
 
-    from .daemon import Daemon
-    from .http_server import QuietServer
-    from .web import create_app
+    from .assemble import build_daemon
+    from .core.http import QuietServer, create_app
 
     setup_logging(config.log.level, config.log.format)
-    daemon = Daemon(config)  # may raise ConfigError (e.g. an unreadable token file): before any bind
+    daemon = build_daemon(config)  # may raise ConfigError (e.g. an unreadable token file): before any bind
     try:
         sock = bind(config.web.listen_address)
     except OSError as exc:
@@ -108,73 +115,63 @@ def serve(config: Config) -> int:
     return 0
 
 
-def rules_command(argv: list[str]) -> int:
-    """`goodput-exporter rules [--settings FILE] [--out DIR] [--check]`."""
-    from .rules.render import rule_files
-    from .rules.settings import load_settings
+def tool_commands() -> dict[str, EntryPoint]:
+    """The commands installed distributions add (goodput-mixin's), by name; loaded only when run or listed."""
+    found: dict[str, EntryPoint] = {}
+    for entry in entry_points(group=TOOLS_GROUP):
+        if entry.name not in BUILTIN:
+            found.setdefault(entry.name, entry)
+    return found
 
-    parser = argparse.ArgumentParser(
-        prog="goodput-exporter rules",
-        description="Write the Prometheus recording rules generated from the rules settings.")
-    parser.add_argument("--settings", help="YAML file overriding the default thresholds, windows and labels")
-    parser.add_argument("--out", default="rules", help="directory to write into (default: rules)")
-    parser.add_argument("--check", action="store_true",
-                        help="write nothing; exit 1 when a file in --out differs from what would be written")
-    args = parser.parse_args(argv)
+
+def _load(entry: EntryPoint) -> Callable[[list[str]], int]:
+    """The command behind an entry point; a broken installation is a ConfigError naming it, not a traceback."""
     try:
-        settings = load_settings(args.settings)
-    except ConfigError as exc:
-        print(f"goodput-exporter: {exc}", file=sys.stderr)
-        return 2
-    out = Path(args.out)
-    stale = []
-    for name, text in rule_files(settings, source=args.settings or "defaults").items():
-        path = out / name
-        if args.check:
-            if not path.exists() or path.read_text() != text:
-                stale.append(str(path))
-            continue
-        out.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-        print(f"wrote {path}")
-    if stale:
-        print(f"stale: {', '.join(stale)} (run `make rules`)", file=sys.stderr)
-        return 1
-    return 0
+        return entry.load()  # type: ignore[no-any-return]
+    except Exception as exc:
+        dist = entry.dist.name if entry.dist is not None else "its distribution"
+        raise ConfigError(f"command {entry.name!r} ({entry.value}, from {dist}) cannot be loaded: "
+                          f"{exc.__class__.__name__}: {exc}") from None
+
+
+def _usage(tools: dict[str, EntryPoint]) -> str:
+    names = ("serve", *tools, "version")
+    lines = [f"usage: goodput-exporter [{'|'.join(names)}] [flags]",
+             "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags"]
+    for name, entry in tools.items():
+        try:
+            doc = _load(entry).__doc__ or ""
+        except ConfigError as exc:
+            doc = str(exc)
+        lines.append(f"  {name:<16} {doc.strip().splitlines()[0] if doc.strip() else ''}")
+    lines.append("  version          print the version")
+    if not tools:
+        lines.append(f"  ({TOOLS_HINT})")
+    return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     command = "serve"
-    if argv and argv[0] in COMMANDS:
+    if argv and argv[0] in BUILTIN:
         command = argv.pop(0)
     elif argv and argv[0] in ("-h", "--help"):
-        print(f"usage: goodput-exporter [{'|'.join(COMMANDS)}] [flags]\n"
-              "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags\n"
-              "  demo             the live stack on 127.0.0.1: daemon, simulated job, Prometheus, Alertmanager\n"
-              "  rules            write the Prometheus rule files (rules/); `rules --help` for options\n"
-              "  metrics-doc      print the metrics reference (docs/metrics.md)\n"
-              "  config-doc       print the configuration reference (docs/configuration.md)\n"
-              "  version          print the version")
+        print(_usage(tool_commands()))
         return 0
+    elif argv and not argv[0].startswith("-"):
+        tools = tool_commands()
+        if argv[0] not in tools:
+            print(f"goodput-exporter: unknown command {argv[0]!r} (commands: {', '.join((*BUILTIN, *tools))}; "
+                  f"{TOOLS_HINT})", file=sys.stderr)
+            return 2
+        try:
+            command_main = _load(tools[argv[0]])
+        except ConfigError as exc:
+            print(f"goodput-exporter: {exc}", file=sys.stderr)
+            return 2
+        return command_main(argv[1:])
     if command == "version":
         print(__version__)
-        return 0
-    if command == "rules":
-        return rules_command(argv)
-    if command == "demo":
-        from .demo.console import main as demo_main
-
-        return demo_main(argv)
-    if command == "metrics-doc":
-        from .docs import metrics_markdown
-
-        sys.stdout.write(metrics_markdown())
-        return 0
-    if command == "config-doc":
-        from .docs import config_markdown
-
-        sys.stdout.write(config_markdown())
         return 0
     try:
         return serve(parse_serve_args(argv))

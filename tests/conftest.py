@@ -17,10 +17,10 @@ import pytest
 import uvicorn
 from prometheus_client.parser import text_string_to_metric_families
 
+from exporter.assemble import build_daemon
 from exporter.config import Config, load
-from exporter.daemon import Daemon
-from exporter.sockets import bind
-from exporter.web import create_app
+from exporter.core.daemon import Daemon
+from exporter.core.http import bind, create_app
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,7 +103,7 @@ def live_server(config: Config, backend=None, dcgm_backend=None) -> Iterator[Liv
     """The daemon with a real uvicorn server on a loopback port, in this process."""
     sock = bind("127.0.0.1:0")
     port = sock.getsockname()[1]
-    daemon = Daemon(config, backend=backend, dcgm_backend=dcgm_backend)
+    daemon = build_daemon(config, backend=backend, dcgm_backend=dcgm_backend)
     daemon.start()
     server = uvicorn.Server(uvicorn.Config(
         create_app(daemon), log_config=None, access_log=False, lifespan="off", http="httptools"))

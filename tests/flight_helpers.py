@@ -12,8 +12,8 @@ from typing import Any
 from conftest import ROOT
 
 from exporter.config import load
-from exporter.exposition import TEXT, Renderer
-from exporter.sources.flight import FlightSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.flight.source import FlightSource
 
 DUMPS = ROOT / "tests" / "flight" / "dumps"
 WRITTEN: dict[str, float] = json.loads((DUMPS / "written.json").read_text())

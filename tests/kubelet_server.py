@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from exporter.attribution import podresources_v1_pb2 as pb
+from exporter.sources.kubelet import podresources_v1_pb2 as pb
 
 GARBAGE = b"\x0a\xff\xff\xff\xff\x0f\x01"  # field 1, length-delimited, length far past the end
 

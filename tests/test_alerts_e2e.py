@@ -12,8 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
-from exporter.demo.stack import WORKLOAD, Ports, Stack
+from goodput_mixin.demo.stack import WORKLOAD, Ports, Stack
 
 
 class Webhook:

@@ -7,9 +7,10 @@ import subprocess
 import sys
 
 from conftest import ROOT
+from goodput_mixin.docs import config_markdown, metrics_markdown
 
-from exporter.catalog import CATALOG, Kind
-from exporter.docs import config_markdown, metrics_markdown
+from exporter.core.catalog import Kind
+from exporter.sources import CATALOG
 
 UNITS = ("seconds", "bytes", "watts", "joules", "celsius", "hertz", "ratio", "bytes_per_second")
 

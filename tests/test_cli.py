@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +79,25 @@ def test_version_and_help() -> None:
                          text=True, check=True, cwd=ROOT).stdout
     for flag in ("--web.listen-address", "--nvml.interval", "--host.enabled", "--simulate", "--config"):
         assert flag in out
+
+
+def test_the_build_tools_commands_come_from_the_mixin_through_entry_points(tmp_path: Path) -> None:
+    out = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, check=True,
+                         cwd=ROOT).stdout
+    for command in ("serve", "demo", "rules", "metrics-doc", "config-doc", "version"):
+        assert f"\n  {command} " in out or out.startswith(f"usage: goodput-exporter [{command}"), (command, out)
+    # a distribution whose command cannot be imported: named, exit 2, and the other commands still work
+    dist = tmp_path / "broken_tools-0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: broken-tools\nVersion: 0\n")
+    (dist / "entry_points.txt").write_text("[goodput_exporter.commands]\nbroken = no_such_module:main\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-m", "exporter", "broken"], capture_output=True, text=True, env=env,
+                            cwd=ROOT)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "command 'broken' (no_such_module:main, from broken-tools) cannot be loaded" in result.stderr
+    listed = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, env=env,
+                            cwd=ROOT, check=True).stdout
+    assert "broken" in listed and "cannot be loaded" in listed and "  rules " in listed
+    unknown = subprocess.run([sys.executable, "-m", "exporter", "nope"], capture_output=True, text=True, cwd=ROOT)
+    assert unknown.returncode == 2 and "unknown command 'nope'" in unknown.stderr

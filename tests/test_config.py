@@ -9,7 +9,8 @@ import pytest
 from conftest import free_port
 
 from exporter.cli import main, parse_serve_args
-from exporter.config import ConfigError, load, parse_duration
+from exporter.config import ConfigError, load
+from exporter.core.settings import parse_duration
 
 
 def write(tmp_path: Path, text: str) -> str:

@@ -10,8 +10,8 @@ import time
 from conftest import live_server, promtool, quick_config, series, value, wait_for
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 
-from exporter.gpu.api import UNKNOWN
-from exporter.gpu.simulated import SimulatedGpus
+from exporter.sources.nvml.api import UNKNOWN
+from exporter.sources.nvml.simulated import SimulatedGpus
 
 
 def sim8() -> SimulatedGpus:

@@ -13,11 +13,12 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from goodput_mixin.dashboards import render
+from goodput_mixin.dashboards.kit import LEVELS
+from goodput_mixin.dashboards.lint import lint, query_values, selectors, substitute, targets, variable_selectors
 
-from exporter.catalog import CATALOG, Kind
-from exporter.dashboards import render
-from exporter.dashboards.kit import LEVELS
-from exporter.dashboards.lint import lint, query_values, selectors, substitute, targets, variable_selectors
+from exporter.core.catalog import Kind
+from exporter.sources import CATALOG
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLDER = ROOT / "dashboards"

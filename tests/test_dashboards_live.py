@@ -18,12 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
-
-from exporter.client import Telemetry
-from exporter.dashboards import build
-from exporter.dashboards.kit import LEVELS
-from exporter.dashboards.lint import query_values, substitute, targets, variable_selectors
-from exporter.demo.stack import CLUSTER, DEMO_SETTINGS, WORKLOAD, Ports, Stack
+from goodput_client import Telemetry
+from goodput_mixin.dashboards import build
+from goodput_mixin.dashboards.kit import LEVELS
+from goodput_mixin.dashboards.lint import query_values, substitute, targets, variable_selectors
+from goodput_mixin.demo.stack import CLUSTER, DEMO_SETTINGS, WORKLOAD, Ports, Stack
 
 # Panels allowed to stay empty in the demo, each with the reason; the test fails if one of them shows data
 # (then it belongs checked like the rest) or if any other panel is empty.

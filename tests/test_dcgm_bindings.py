@@ -22,8 +22,10 @@ import pytest
 from conftest import ManualClock
 
 from exporter.config import load
-from exporter.dcgm import bindings as bindings_module
-from exporter.dcgm.api import (
+from exporter.core.gpus import NodeGpus
+from exporter.core.source import SourceError
+from exporter.sources.dcgm import bindings as bindings_module
+from exporter.sources.dcgm.api import (
     CONNECTION_NOT_VALID,
     FI_PROF_DRAM_ACTIVE,
     FI_PROF_PIPE_TENSOR_ACTIVE,
@@ -32,10 +34,8 @@ from exporter.dcgm.api import (
     PROFILING_NOT_SUPPORTED,
     DcgmError,
 )
-from exporter.dcgm.bindings import DcgmBindings
-from exporter.gpu_inventory import GpuInventory
-from exporter.sources.base import SourceError
-from exporter.sources.dcgm import DcgmSource
+from exporter.sources.dcgm.bindings import DcgmBindings
+from exporter.sources.dcgm.source import DcgmSource
 
 FAKE_MODULES = {
     "dcgm_structs.py": '''
@@ -330,7 +330,7 @@ def test_samples_older_than_three_intervals_are_dropped_and_counted(fake_dcgm: P
     assert latest.values == {0: {FI_PROF_SM_ACTIVE: 0.5}}
     assert latest.stale == 2
     # through the source: counted per collection, and the fresh value still exported
-    inventory = GpuInventory()
+    inventory = NodeGpus()
     inventory.record(engine().gpus[0], "0")
     source = DcgmSource(dcgm_config(bindings_path=str(fake_dcgm)), make(fake_dcgm), inventory)
     batch = source.collect()

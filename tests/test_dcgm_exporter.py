@@ -10,9 +10,9 @@ import pytest
 from conftest import live_server, quick_config, series, value, wait_for
 from dcgm_exporter_server import ExporterGpu, dcgm_exporter
 
-from exporter.dcgm import scrape
-from exporter.dcgm.api import FI_PROF_DRAM_ACTIVE, FI_PROF_SM_ACTIVE, FI_PROF_SM_OCCUPANCY
-from exporter.gpu.simulated import SimulatedGpus
+from exporter.sources.dcgm import scrape
+from exporter.sources.dcgm.api import FI_PROF_DRAM_ACTIVE, FI_PROF_SM_ACTIVE, FI_PROF_SM_OCCUPANCY
+from exporter.sources.nvml.simulated import SimulatedGpus
 
 PROF = {
     "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 0.9, "DCGM_FI_PROF_SM_ACTIVE": 0.8, "DCGM_FI_PROF_SM_OCCUPANCY": 0.4,

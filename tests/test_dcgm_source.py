@@ -9,15 +9,15 @@ import pytest
 from conftest import ManualClock, live_server, quick_config, series, value, wait_for
 
 from exporter.config import load
-from exporter.dcgm.api import PROFILING_NOT_SUPPORTED, REQUIRES_ROOT
-from exporter.dcgm.bindings import DcgmBindings
-from exporter.dcgm.simulated import SimulatedDcgm
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.simulated import Pattern, SimulatedGpus
-from exporter.gpu_inventory import GpuInventory
-from exporter.sources.base import SourceError
-from exporter.sources.dcgm import PROFILING_RETRY_AFTER, DcgmSource
-from exporter.sources.nvml import NvmlSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.core.gpus import NodeGpus
+from exporter.core.source import SourceError
+from exporter.sources.dcgm.api import PROFILING_NOT_SUPPORTED, REQUIRES_ROOT
+from exporter.sources.dcgm.bindings import DcgmBindings
+from exporter.sources.dcgm.simulated import SimulatedDcgm
+from exporter.sources.dcgm.source import PROFILING_RETRY_AFTER, DcgmSource
+from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 RATIOS = {
     "goodput_gpu_sm_active_ratio": "sm_active", "goodput_gpu_sm_occupancy_ratio": "sm_occupancy",
@@ -44,7 +44,7 @@ class Rig:
         self.sim = SimulatedGpus(count, clock=self.clock, **sim_args)  # type: ignore[arg-type]
         self.dcgm = SimulatedDcgm(self.sim)
         self.nvml = NvmlSource(self.sim, clock=self.clock)
-        self.source = DcgmSource(dcgm_config(), self.dcgm, self.nvml.inventory, clock=self.clock)
+        self.source = DcgmSource(dcgm_config(), self.dcgm, self.nvml.table, clock=self.clock)
         self.nvml.collect()  # NVML identifies the GPUs first, as in the daemon
         self.renderer = Renderer()
 
@@ -120,7 +120,7 @@ def test_gpus_are_labelled_with_nvmls_index_by_uuid_and_foreign_ones_counted() -
     rig = Rig(3)
     rig.scrape()
     # NVML numbers the GPUs differently from DCGM (e.g. another enumeration order) and lacks one
-    inventory = GpuInventory()
+    inventory = NodeGpus()
     inventory.record(rig.sim.uuid(0), "2")
     inventory.record(rig.sim.uuid(1), "0")
     source = DcgmSource(dcgm_config(), rig.dcgm, inventory, clock=rig.clock)
@@ -250,7 +250,7 @@ def test_daemon_reports_each_failure_as_source_down_with_its_reason_and_keeps_se
 def test_until_nvml_has_identified_the_gpus_the_source_waits_rather_than_guess_labels() -> None:
     clock = ManualClock()
     sim = SimulatedGpus(2, clock=clock)
-    inventory = GpuInventory()  # the nvml source runs but has not identified any GPU yet
+    inventory = NodeGpus()  # the nvml source runs but has not identified any GPU yet
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), inventory, clock=clock)
     clock.advance(2)
     with pytest.raises(SourceError) as info:
@@ -268,11 +268,11 @@ def test_until_nvml_has_identified_the_gpus_the_source_waits_rather_than_guess_l
 def test_a_uuid_nvml_no_longer_lists_at_its_index_is_forgotten() -> None:
     clock = ManualClock()
     sim = SimulatedGpus(2, clock=clock)
-    inventory = GpuInventory()
+    inventory = NodeGpus()
     inventory.record(sim.uuid(0), "0")
     inventory.record(sim.uuid(1), "1")
     inventory.record("GPU-99999999-0000-0000-0000-000000000000", "0")  # index 0 now holds another GPU
-    assert inventory.snapshot() == {sim.uuid(1): "1", "GPU-99999999-0000-0000-0000-000000000000": "0"}
+    assert inventory.index_by_uuid() == {sim.uuid(1): "1", "GPU-99999999-0000-0000-0000-000000000000": "0"}
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), inventory, clock=clock)
     source.collect()
     clock.advance(2)

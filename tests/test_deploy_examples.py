@@ -18,11 +18,11 @@ import httpx
 import pytest
 import yaml
 from conftest import ROOT, free_port, live_server, promtool, quick_config, wait_for
+from goodput_mixin.rules.settings import RulesSettings
 from kubelet_server import KubeletServer, gpu_pod
 
-from exporter.catalog import CATALOG
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.rules.settings import RulesSettings
+from exporter.sources import CATALOG
+from exporter.sources.nvml.simulated import SimulatedGpus
 
 EXAMPLES = ROOT / "deploy" / "examples"
 PROMETHEUS = EXAMPLES / "prometheus.yml"

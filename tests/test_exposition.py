@@ -5,8 +5,10 @@ from __future__ import annotations
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
-from exporter import catalog as c
-from exporter.exposition import OPENMETRICS, TEXT, Batch, Renderer, format_value, join
+from exporter.core.exposition import OPENMETRICS, TEXT, Batch, Renderer, format_value, join
+from exporter.sources.host import metrics as c
+from exporter.sources.ingest import metrics as ingest_metrics
+from exporter.sources.nvml import metrics as nvml_metrics
 
 AWKWARD = ['quote"d', "back\\slash", "new\nline", "bad-\udcff-bytes", "ünïcode"]
 
@@ -38,7 +40,7 @@ def test_values() -> None:
 def test_label_count_is_enforced() -> None:
     batch = Batch()
     try:
-        batch.add(c.GPU_UP, ("0",), 1)
+        batch.add(nvml_metrics.GPU_UP, ("0",), 1)
     except ValueError as exc:
         assert "expected labels ('gpu', 'uuid')" in str(exc)
     else:
@@ -47,8 +49,8 @@ def test_label_count_is_enforced() -> None:
 
 def test_histograms_in_both_formats() -> None:
     batch = Batch()
-    buckets = len(c.STEP_BUCKETS) + 1
-    batch.add(c.STEP_DURATION, ("llama", "0"), ([0] * 5 + [2] * (buckets - 5), 0.7))
+    buckets = len(ingest_metrics.STEP_BUCKETS) + 1
+    batch.add(ingest_metrics.STEP_DURATION, ("llama", "0"), ([0] * 5 + [2] * (buckets - 5), 0.7))
     renderer = Renderer()
     text = renderer.render(batch, TEXT).decode()
     (family,) = text_parse(text)

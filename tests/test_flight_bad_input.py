@@ -14,7 +14,7 @@ import pytest
 from conftest import live_server, quick_config, series, value
 from flight_helpers import DUMPS, T0, copy_scenario, nccl_dump, nccl_entry, render, source_for, write_dump
 
-from exporter.sources.flight import LOG_LINES_PER_PASS
+from exporter.sources.flight.source import LOG_LINES_PER_PASS
 
 GOOD = (DUMPS / "healthy2" / "nccl_trace_rank_0").read_bytes()
 OLD = T0  # long ago: a broken file this old is not still being written
@@ -93,7 +93,7 @@ def test_a_bad_dump_is_counted_once_and_logged_once(case: str, tmp_path: Path,
     if bad.exists() and not bad.is_symlink():
         os.utime(bad, (OLD, OLD))
     source = source_for(tmp_path)
-    caplog.set_level(logging.WARNING, logger="exporter.sources.flight")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.flight.source")
     for _ in range(3):
         text = render(source)
     assert value(text, "goodput_flight_recorder_rejected_total", reason=reason) == 1
@@ -177,7 +177,7 @@ def test_a_directory_of_10000_files(tmp_path: Path, caplog: pytest.LogCaptureFix
     for path in (tmp_path / "good").iterdir():
         os.utime(path, (now, now))  # the newest: kept under max_files
     source = source_for(tmp_path, max_files=100)
-    caplog.set_level(logging.WARNING, logger="exporter.sources.flight")
+    caplog.set_level(logging.WARNING, logger="exporter.sources.flight.source")
     text = render(source)
     assert value(text, "goodput_flight_recorder_files") == 100
     assert value(text, "goodput_flight_recorder_rejected_total", reason="too_many_files") == 10_002 - 100

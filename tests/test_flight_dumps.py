@@ -12,8 +12,8 @@ import pytest
 from conftest import live_server, quick_config, series, value
 from flight_helpers import DUMPS, copy_scenario, render, source_for
 
-from exporter.flight.load import load_bytes
-from exporter.flight.schema import parse
+from exporter.sources.flight.load import load_bytes
+from exporter.sources.flight.schema import parse
 
 KiB = 1024
 

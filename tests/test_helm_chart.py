@@ -18,11 +18,11 @@ import helm_python as helm
 import pytest
 import yaml
 from conftest import ROOT
+from goodput_mixin.chart import CHART, chart_files, manifests
 from k8s_checks import KUBE_VERSIONS, OPERATOR_KINDS, operator_problems, validate_core
 
-from exporter.catalog import CATALOG
-from exporter.chart import CHART, chart_files, manifests
 from exporter.config import ConfigError, env_name, load, read_file, settable_keys
+from exporter.sources import CATALOG
 
 RELEASE, NAMESPACE = "gpx", "monitoring"
 # Value combinations the tests render; each must give valid objects.

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 from conftest import ManualClock, series, value
 
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.gpu_processes import GpuProcessTable
-from exporter.sources.host import HostSource, parse_pressure
-from exporter.sources.nvml import NvmlSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.core.gpus import NodeGpus
+from exporter.sources.host.source import HostSource, parse_pressure
+from exporter.sources.nvml.simulated import SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 BUSY = "import time\nend = time.time() + 60\nwhile time.time() < end: pass\n"
 
@@ -37,7 +37,7 @@ def test_gpu_process_cpu_memory_and_numa(busy_child) -> None:  # type: ignore[no
     clock = ManualClock()
     sim = SimulatedGpus(8, clock=clock)
     nvml = NvmlSource(sim, clock=clock)
-    host = HostSource(nvml.processes)
+    host = HostSource(nvml.table)
     os.sched_setaffinity(busy_child.pid, {cpus[0]})  # pinned to the first NUMA half
     sim.attach_process(0, busy_child.pid)
     sim.attach_process(7, busy_child.pid)
@@ -64,7 +64,7 @@ def test_gone_and_invisible_processes_are_counted_not_fatal(busy_child) -> None:
     clock = ManualClock()
     sim = SimulatedGpus(2, clock=clock)
     nvml = NvmlSource(sim, clock=clock)
-    host = HostSource(nvml.processes)
+    host = HostSource(nvml.table)
     sim.attach_process(0, busy_child.pid)
     sim.attach_process(1, 2**22 + 12345)  # beyond pid_max: a PID from another PID namespace
     clock.advance(1)
@@ -82,7 +82,7 @@ def test_pressure_from_a_procfs(tmp_path: Path) -> None:
     (tmp_path / "pressure").mkdir()
     (tmp_path / "pressure" / "io").write_text(
         "some avg10=1.00 avg60=0.50 avg300=0.10 total=2500000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=1000\n")
-    text = render(HostSource(GpuProcessTable(), proc_path=str(tmp_path)))
+    text = render(HostSource(NodeGpus(), proc_path=str(tmp_path)))
     assert value(text, "goodput_host_pressure_stalled_seconds_total", resource="io", kind="some") == 2.5
     assert value(text, "goodput_host_pressure_stalled_seconds_total", resource="io", kind="full") == 0.001
     assert [s for s in series(text, "goodput_host_pressure_stalled_seconds_total") if s["resource"] == "cpu"] == []

@@ -25,7 +25,7 @@ from docker.utils.build import exclude_paths
 from kubelet_server import KubeletServer, gpu_pod
 from packaging.specifiers import SpecifierSet
 
-from exporter.cli import COMMANDS
+from exporter.cli import BUILTIN
 from exporter.config import Config
 
 DOCKERFILE = ROOT / "Dockerfile"
@@ -154,7 +154,7 @@ def test_entrypoint_is_the_console_script_in_exec_form() -> None:
     (entrypoint,), (cmd,) = final.all("ENTRYPOINT"), final.all("CMD")
     assert entrypoint.json and cmd.json, "ENTRYPOINT and CMD must be JSON arrays (signals reach the daemon)"
     assert list(entrypoint.value) == ["goodput-exporter"] and "goodput-exporter" in PYPROJECT["project"]["scripts"]
-    assert list(cmd.value) == ["serve"] and "serve" in COMMANDS
+    assert list(cmd.value) == ["serve"] and "serve" in BUILTIN
     port = DEFAULTS.web.listen_address.rsplit(":", 1)[1]
     assert [c.value for c in final.all("EXPOSE")] == [(port,)]
 
@@ -178,7 +178,8 @@ def test_oci_labels_match_the_project() -> None:
 def test_context_is_what_the_build_copies_and_no_more() -> None:
     sent = context(ROOT)
     assert {p for p in sent if "/" not in p} == {".dockerignore", "Dockerfile", "pyproject.toml", "README.md",
-                                                 "exporter"}
+                                                 "exporter", "client"}
+    assert not [p for p in sent if p.startswith("mixin")], "the build tools are not in the image"
     assert not [p for p in sent if "__pycache__" in p or p.endswith(".pyc")]
     copied = [src for c in stages()[0].all("COPY") for src in c.value[:-1]]
     for source in copied:
@@ -193,7 +194,7 @@ def test_dockerignore_keeps_out_environments_vcs_caches_and_build_output(tmp_pat
                 ".ruff_cache/CACHEDIR.TAG", "exporter/__pycache__/cli.cpython-311.pyc",
                 "exporter/gpu/__pycache__/nvml.cpython-311.pyc", "exporter/stray.pyc", "tests/test_cli.py"]
     wanted = ["pyproject.toml", "README.md", "exporter/cli.py", "exporter/gpu/nvml.py",
-              "exporter/attribution/podresources_v1.proto"]
+              "exporter/sources/kubelet/podresources_v1.proto"]
     for path in unwanted + wanted:
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text("x")
@@ -307,12 +308,58 @@ def test_the_installed_daemon_serves_simulated_gpus_and_kubelet_pods(image_venv:
 
 
 @pytest.mark.image
-def test_the_installed_cli_writes_the_shipped_rules(image_venv: Path, tmp_path: Path) -> None:
+def test_the_installed_cli_runs_and_names_where_the_build_tools_are(image_venv: Path, tmp_path: Path) -> None:
     exe = str(image_venv / "bin" / "goodput-exporter")
     version = subprocess.run([exe, "version"], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert PYPROJECT["project"]["version"] in version.stdout
-    subprocess.run([exe, "rules", "--out", str(tmp_path / "rules")], capture_output=True, cwd=tmp_path, check=True)
-    shipped = sorted(p.name for p in (ROOT / "rules").glob("*.rules.yml"))
-    assert sorted(p.name for p in (tmp_path / "rules").glob("*.rules.yml")) == shipped
-    for name in shipped:
-        assert (tmp_path / "rules" / name).read_text() == (ROOT / "rules" / name).read_text(), name
+    for command in ("rules", "demo", "metrics-doc", "config-doc"):  # goodput-mixin's, not in the image
+        result = subprocess.run([exe, command], capture_output=True, text=True, cwd=tmp_path)
+        assert result.returncode == 2, (command, result.stdout, result.stderr)
+        assert "goodput-mixin" in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
+# What no module of the daemon's wheel may import: the build tools and their libraries, and test-only tools.
+NOT_IN_THE_RUNTIME = {"goodput_mixin", "grafana_foundation_sdk", "promql_parser", "helm_python", "torch", "pytest",
+                      "jsonschema", "grpc_tools"}
+
+
+def wheel_imports(wheel: Path) -> dict[str, set[str]]:
+    """Module path in the wheel -> the top-level names it imports (absolute imports, at any depth)."""
+    import ast
+    import zipfile
+
+    found: dict[str, set[str]] = {}
+    with zipfile.ZipFile(wheel) as archive:
+        for name in archive.namelist():
+            if not name.endswith(".py"):
+                continue
+            tree = ast.parse(archive.read(name), filename=name)
+            tops = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    tops |= {alias.name.split(".")[0] for alias in node.names}
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    tops.add(node.module.split(".")[0])
+            found[name] = tops
+    return found
+
+
+@pytest.mark.image
+def test_the_daemon_wheel_holds_no_generator_demo_or_build_library(image_venv: Path) -> None:
+    (wheel,) = (image_venv.parent / "wheels").glob("goodput_exporter-*.whl")
+    imports = wheel_imports(wheel)
+    assert "exporter/cli.py" in imports and "exporter/sources/nvml/source.py" in imports
+    generators = [m for m in imports if re.search(r"/(rules|dashboards|demo|chart|docs)(/|\.py$)", m)]
+    assert generators == []
+    offending = {m: sorted(tops & NOT_IN_THE_RUNTIME) for m, tops in imports.items() if tops & NOT_IN_THE_RUNTIME}
+    assert offending == {}
+
+
+def test_the_wheel_check_sees_a_forbidden_import(tmp_path: Path) -> None:
+    import zipfile
+
+    wheel = tmp_path / "x-0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as archive:
+        archive.writestr("exporter/a.py", "def f():\n    from grafana_foundation_sdk.builders import stat\n")
+        archive.writestr("exporter/b.py", "from . import a\nimport json\n")
+    assert wheel_imports(wheel) == {"exporter/a.py": {"grafana_foundation_sdk"}, "exporter/b.py": {"json"}}

@@ -10,10 +10,10 @@ import httpx
 import pytest
 from conftest import ManualClock, free_port, live_server, promtool, quick_config, series, value, wait_for
 
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.ingest.models import EventBatch
-from exporter.ingest.state import IngestState, Rejected
+from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.ingest.models import EventBatch
+from exporter.sources.ingest.state import IngestState, Rejected
+from exporter.sources.nvml.simulated import SimulatedGpus
 
 
 def uds_client(path: str, **headers: str) -> httpx.Client:

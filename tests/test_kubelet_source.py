@@ -12,14 +12,14 @@ import pytest
 from conftest import ManualClock, live_server, quick_config, series, value, wait_for
 from kubelet_server import KubeletServer, Pod, gpu_pod
 
-from exporter.attribution.devices import GpuMatcher
 from exporter.config import ConfigError, load
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.gpu_processes import GpuIdentity
-from exporter.sources.base import SourceError
-from exporter.sources.kubelet import KubeletSource
-from exporter.sources.nvml import NvmlSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.core.gpus import GpuIdentity
+from exporter.core.source import SourceError
+from exporter.sources.kubelet.devices import GpuMatcher
+from exporter.sources.kubelet.source import KubeletSource
+from exporter.sources.nvml.simulated import SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 POD_INFO = "goodput_gpu_pod_info"
 Row = tuple[str, str, str, str, str, str]
@@ -35,7 +35,7 @@ def sources(sim: SimulatedGpus, socket_path: str, **kubelet: str) -> Iterator[tu
     clock = ManualClock()
     nvml = NvmlSource(sim, clock=clock)
     config = load(None, {"kubelet": {"socket_path": socket_path, "timeout": "1s", **kubelet}}, environ={}).kubelet
-    source = KubeletSource(config, nvml.processes)
+    source = KubeletSource(config, nvml.table)
     try:
         yield nvml, source
     finally:

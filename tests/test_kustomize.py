@@ -11,9 +11,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT
+from goodput_mixin.chart import NAMESPACE, deploy_files, drop_helm_labels, manifests, render_chart
 from k8s_checks import OPERATOR_KINDS, operator_problems, validate_core
-
-from exporter.chart import NAMESPACE, deploy_files, drop_helm_labels, manifests, render_chart
 
 DEPLOY = ROOT / "deploy"
 # kubectl ships in the machine image (it is not installed by `make deps`); without it only these tests skip.

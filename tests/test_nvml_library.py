@@ -8,10 +8,10 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from exporter import catalog as c
-from exporter.gpu.api import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, GpuError
-from exporter.gpu.nvml_lib import NvmlLibrary
-from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml import metrics as c
+from exporter.sources.nvml.api import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, GpuError
+from exporter.sources.nvml.library import NvmlLibrary
+from exporter.sources.nvml.source import NvmlSource
 
 
 def _driver_present() -> bool:
@@ -24,7 +24,7 @@ def _driver_present() -> bool:
 
 
 def test_every_pynvml_name_used_exists_in_the_installed_binding() -> None:
-    source = Path(__file__).resolve().parent.parent / "exporter" / "gpu" / "nvml_lib.py"
+    source = Path(__file__).resolve().parent.parent / "exporter" / "sources" / "nvml" / "library.py"
     names = {node.attr for node in ast.walk(ast.parse(source.read_text()))
              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "pynvml"}
     assert len(names) > 30

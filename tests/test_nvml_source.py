@@ -7,12 +7,12 @@ import itertools
 import pytest
 from conftest import ManualClock, samples, series, value
 
-from exporter import catalog as c
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.api import FUNCTION_NOT_FOUND, GPU_IS_LOST, NO_PERMISSION, UNKNOWN, GpuError
-from exporter.gpu.simulated import Pattern, SimulatedGpus
-from exporter.sources.base import SourceError
-from exporter.sources.nvml import NvmlSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.core.source import SourceError
+from exporter.sources.nvml import metrics as c
+from exporter.sources.nvml.api import FUNCTION_NOT_FOUND, GPU_IS_LOST, NO_PERMISSION, UNKNOWN, GpuError
+from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 
 def setup(count: int = 2, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
@@ -234,13 +234,13 @@ def test_failed_discovery_fails_the_collection_and_clears_processes() -> None:
     sim.attach_process(0, 4242)
     clock.advance(1)
     scrape(source)
-    assert 4242 in source.processes.snapshot()
+    assert 4242 in source.table.holders()
     source._gpus = None  # force discovery again, now against a failing driver
     sim.fail("device_count", UNKNOWN)
     with pytest.raises(SourceError) as info:
         source.collect()
     assert info.value.reason == "nvml_unknown"
-    assert source.processes.snapshot() == {}
+    assert source.table.holders() == {}
     sim.clear_faults()
     assert value(scrape(source), "goodput_gpu_up", gpu="0") == 1
 
@@ -336,7 +336,7 @@ def test_a_pid_listed_twice_is_one_series() -> None:
     text = scrape(source)
     assert value(text, "goodput_gpu_process_memory_used_bytes", gpu="0", pid="4242") == 2 * 2**30
     assert len(series(text, "goodput_gpu_process_memory_used_bytes")) == 1
-    assert len(source.processes.snapshot()[4242]) == 1
+    assert len(source.table.holders()[4242]) == 1
 
 
 def test_allocation_and_process_memory() -> None:
@@ -348,14 +348,14 @@ def test_allocation_and_process_memory() -> None:
     assert value(text, "goodput_gpu_allocated", gpu="1") == 0
     assert value(text, "goodput_gpu_process_memory_used_bytes", gpu="0", pid="4242") == 30 * 2**30
     assert value(text, "goodput_gpu_memory_used_bytes", gpu="0") > 30 * 2**30
-    holders = source.processes.snapshot()
+    holders = source.table.holders()
     assert [h.gpu for h in holders[4242]] == ["0"]
     sim.detach_process(0, 4242)
     clock.advance(1)
     text = scrape(source)
     assert value(text, "goodput_gpu_allocated", gpu="0") == 0
     assert series(text, "goodput_gpu_process_memory_used_bytes") == []
-    assert source.processes.snapshot() == {}
+    assert source.table.holders() == {}
 
 
 def test_mig_instances_are_reported() -> None:

@@ -12,7 +12,8 @@ from apiserver import FORBIDDEN, ApiPod, ApiServer, self_signed
 from conftest import ManualClock, live_server, quick_config, series, value, wait_for
 from kubelet_server import KubeletServer, gpu_pod
 
-from exporter.attribution.podlabels import (
+from exporter.config import ConfigError, load
+from exporter.sources.kubelet.podlabels import (
     STALE_AFTER_INTERVALS,
     PodLabeler,
     PodLabelsClient,
@@ -21,8 +22,7 @@ from exporter.attribution.podlabels import (
     parse,
     prometheus_label,
 )
-from exporter.config import ConfigError, load
-from exporter.gpu.simulated import SimulatedGpus
+from exporter.sources.nvml.simulated import SimulatedGpus
 
 POD_INFO = "goodput_gpu_pod_info"
 UP = "goodput_kubelet_pod_labels_up"

@@ -8,22 +8,22 @@ from pathlib import Path
 
 from conftest import ROOT
 
-PROTO = "exporter/attribution/podresources_v1.proto"
+PROTO = "exporter/sources/kubelet/podresources_v1.proto"
 
 
 def test_generated_modules_match_the_proto(tmp_path: Path) -> None:
-    (tmp_path / "exporter" / "attribution").mkdir(parents=True)
+    (tmp_path / "exporter" / "sources" / "kubelet").mkdir(parents=True)
     (tmp_path / PROTO).write_text((ROOT / PROTO).read_text())
     subprocess.run([sys.executable, "-m", "grpc_tools.protoc", "-I", ".", "--python_out=.",
                     "--grpc_python_out=.", PROTO], cwd=tmp_path, check=True)
     for name in ("podresources_v1_pb2.py", "podresources_v1_pb2_grpc.py"):
-        generated = (tmp_path / "exporter" / "attribution" / name).read_text()
-        committed = (ROOT / "exporter" / "attribution" / name).read_text()
+        generated = (tmp_path / "exporter" / "sources" / "kubelet" / name).read_text()
+        committed = (ROOT / "exporter" / "sources" / "kubelet" / name).read_text()
         assert generated == committed, f"{name} is stale: run `make proto`"
 
 
 def test_service_path_is_the_kubelets() -> None:
-    from exporter.attribution import podresources_v1_pb2 as pb
+    from exporter.sources.kubelet import podresources_v1_pb2 as pb
 
     service = pb.DESCRIPTOR.services_by_name["PodResourcesLister"]
     assert service.full_name == "v1.PodResourcesLister"  # the kubelet serves /v1.PodResourcesLister/List
@@ -32,7 +32,7 @@ def test_service_path_is_the_kubelets() -> None:
 
 
 def test_dra_messages_follow_current_kubernetes() -> None:
-    from exporter.attribution import podresources_v1_pb2 as pb
+    from exporter.sources.kubelet import podresources_v1_pb2 as pb
 
     dynamic = {f.name: f.number for f in pb.DynamicResource.DESCRIPTOR.fields}
     assert dynamic == {"claim_name": 2, "claim_namespace": 3, "claim_resources": 4}  # class_name (1) removed

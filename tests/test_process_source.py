@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, ManualClock, live_server, quick_config, series, value, wait_for
+from goodput_client.launcher import workload_from
 
-from exporter.attribution.procenv import MAX_ENVIRON_BYTES, Outcome, parse_environ, read_identity
-from exporter.exposition import TEXT, Renderer
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.ingest.models import StepEvent
-from exporter.ingest.peer import pid_namespace_is_hosts, start_time
-from exporter.ingest.state import IngestState
-from exporter.launcher import workload_from
-from exporter.sources.nvml import NvmlSource
-from exporter.sources.process import ProcessSource
+from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.ingest.models import StepEvent
+from exporter.sources.ingest.peer import pid_namespace_is_hosts, start_time
+from exporter.sources.ingest.state import IngestState
+from exporter.sources.nvml.simulated import SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
+from exporter.sources.process.procenv import MAX_ENVIRON_BYTES, Outcome, parse_environ, read_identity
+from exporter.sources.process.source import ProcessSource
 
 SLEEPER = "import time; time.sleep(120)"
 LAUNCHER_VARS = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT", "RANK",
@@ -62,7 +62,7 @@ def test_launcher_variables_of_real_processes(spawn) -> None:  # type: ignore[no
     clock = ManualClock()
     sim = SimulatedGpus(8, clock=clock)
     nvml = NvmlSource(sim, clock=clock)
-    source = ProcessSource(nvml.processes)
+    source = ProcessSource(nvml.table)
     for gpu, proc in enumerate([*torchrun, slurm, legacy, nothing]):
         sim.attach_process(gpu, proc.pid)
     sim.attach_process(6, torchrun[1].pid)  # one rank on two GPUs
@@ -107,7 +107,7 @@ def test_cgroup_gives_the_slurm_job_when_the_environment_is_refused() -> None:
         import os, sys
         from pathlib import Path
         sys.path.insert(0, {str(ROOT)!r})
-        from exporter.attribution.procenv import read_identity
+        from exporter.sources.process.procenv import read_identity
         os.setgid(65534); os.setuid(65534)
         for pid in (100, 200, 300):
             print(read_identity(Path({str(proc)!r}), pid))
@@ -127,7 +127,7 @@ def test_cgroup_gives_the_slurm_job_when_the_environment_is_refused() -> None:
 
 DECLARING_CLIENT = textwrap.dedent("""
     import sys, time
-    from exporter.client import Telemetry
+    from goodput_client import Telemetry
     telemetry = Telemetry(workload="declared-job", rank=5, socket_path=sys.argv[1], flush_interval=0.05)
     with telemetry.step(tokens=1):
         pass
@@ -219,8 +219,8 @@ def test_declarations_are_not_bound_across_pid_namespaces(tmp_path: Path, caplog
     other = tmp_path / "proc"
     (other / "1" / "ns").mkdir(parents=True)
     os.symlink("pid:[4026530000]", other / "1" / "ns" / "pid")
-    with caplog.at_level("WARNING", logger="exporter.sources.process"):
-        foreign = ProcessSource(nvml.processes, proc_path=str(other), declared=state.declared)
+    with caplog.at_level("WARNING", logger="exporter.sources.process.source"):
+        foreign = ProcessSource(nvml.table, proc_path=str(other), declared=state.declared)
         foreign.collect()
         foreign.collect()
     assert not foreign.trust_peer_pids
@@ -233,7 +233,7 @@ def test_declarations_are_not_bound_across_pid_namespaces(tmp_path: Path, caplog
     os.symlink(os.readlink("/proc/self/ns/pid"), same / "1" / "ns" / "pid")
     ok, _ = pid_namespace_is_hosts(str(same))
     assert ok
-    source = ProcessSource(nvml.processes, declared=state.declared)
+    source = ProcessSource(nvml.table, declared=state.declared)
     if source.trust_peer_pids:  # this machine's /proc is the host's (or NSpid says so)
         text = Renderer().render(source.collect(), TEXT).decode()
         assert workloads(text) == {("0", "declared-job", "0")}
@@ -267,7 +267,7 @@ def test_each_request_carries_its_own_connections_pid(tmp_path: Path) -> None:
 
     import uvicorn
 
-    from exporter.ingest.peer import PeerCredProtocol
+    from exporter.sources.ingest.peer import PeerCredProtocol
 
     async def app(scope, receive, send) -> None:  # type: ignore[no-untyped-def]
         if scope["type"] != "http":

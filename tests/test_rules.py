@@ -9,10 +9,11 @@ from pathlib import Path
 
 import yaml
 from conftest import ROOT, promtool
+from goodput_mixin.rules.render import rule_files
+from goodput_mixin.rules.settings import RulesSettings
 
-from exporter.catalog import CATALOG, Kind
-from exporter.rules.render import rule_files
-from exporter.rules.settings import RulesSettings
+from exporter.core.catalog import Kind
+from exporter.sources import CATALOG
 
 RULES = ROOT / "rules"
 TESTS = sorted((RULES / "tests").glob("*.test.yml"))

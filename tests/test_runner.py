@@ -7,11 +7,11 @@ import threading
 
 from conftest import wait_for
 
-from exporter import catalog as c
-from exporter.exposition import Batch
-from exporter.runner import SourceRunner
-from exporter.sources.base import SourceError
-from exporter.store import Store
+from exporter.core.exposition import Batch
+from exporter.core.runner import SourceRunner
+from exporter.core.source import SourceError
+from exporter.core.store import Store
+from exporter.sources.host import metrics as c
 
 
 class Scripted:

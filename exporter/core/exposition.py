@@ -3,7 +3,9 @@
 Rendering is done from a `Batch` (what one source collected) into bytes once per collection, off the
 scrape path. prometheus-client's `generate_latest` walks registry objects on every call and is too
 slow to run per scrape at our series counts, so series are kept as plain tuples and their label
-strings are cached between collections.
+strings are cached between collections, per metric and label values, with each metric's header.
+A collection holds the GIL while it renders, and a scrape waits for it: the per-series loop is kept
+to a dictionary lookup, the value's text and one concatenation.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .catalog import CATALOG, Kind, Metric
+from .catalog import Kind, Metric
 
 TEXT = "text"
 OPENMETRICS = "openmetrics"
@@ -20,7 +22,6 @@ CONTENT_TYPES = {
     TEXT: "text/plain; version=0.0.4; charset=utf-8",
     OPENMETRICS: "application/openmetrics-text; version=1.0.0; charset=utf-8",
 }
-_ORDER = {name: i for i, name in enumerate(CATALOG)}
 
 
 class Batch:
@@ -40,6 +41,27 @@ class Batch:
         if rows is None:
             rows = self.series[metric] = []
         rows.append((labels, value))
+
+    @staticmethod
+    def check(metric: Metric, labels: tuple[str, ...]) -> tuple[str, ...]:
+        """`labels`, when they are one value per label of the metric (as `add` checks); else ValueError."""
+        if len(labels) != len(metric.labels):
+            raise ValueError(f"{metric.name}: expected labels {metric.labels}, got {labels!r}")
+        return labels
+
+    def rows(self, metric: Metric) -> list[tuple[tuple[str, ...], Any]]:
+        """The metric's (labels, value) rows, for a source that appends many without a call per series. Each
+        label tuple must have passed `check` for the metric: a source keeping its label tuples between
+        collections checks them once, when it builds them. `prune` drops the metrics left without rows."""
+        rows = self.series.get(metric)
+        if rows is None:
+            rows = self.series[metric] = []
+        return rows
+
+    def prune(self) -> None:
+        """Forget the metrics that have no rows."""
+        for metric in [metric for metric, rows in self.series.items() if not rows]:
+            del self.series[metric]
 
     def values(self, metric: Metric) -> dict[tuple[str, ...], Any]:
         return dict(self.series.get(metric, ()))
@@ -65,6 +87,14 @@ def _escape_help(text: str, fmt: str) -> str:
 
 
 def format_value(value: float) -> str:
+    if type(value) is float:  # the common case first; NaN and infinities are not integers
+        if value.is_integer():
+            return str(int(value)) if -1e15 < value < 1e15 else repr(value)
+        if value != value:
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return repr(value)
     if isinstance(value, int):  # bool and other int subclasses too
         return str(int(value))
     if value != value:  # NaN
@@ -76,22 +106,33 @@ def format_value(value: float) -> str:
     return repr(value)
 
 
+PREFIX_CACHE_LIMIT = 200_000  # series prefixes a Renderer keeps; past it (label values churn) it starts over
+
+
 class Renderer:
-    """Renders batches; caches each series' `name{labels}` prefix across renders."""
+    """Renders batches; caches each series' `name{labels} ` prefix and each metric's header across renders."""
 
     def __init__(self) -> None:
-        self._prefix: dict[tuple[str, tuple[str, ...]], str] = {}
+        self._prefixes: dict[Metric, dict[tuple[str, ...], str]] = {}
+        self._cached = 0  # prefixes held, over all metrics
+        self._headers: dict[tuple[Metric, str], str] = {}
 
-    def _series_prefix(self, name: str, metric: Metric, labels: tuple[str, ...]) -> str:
-        key = (name, labels)
-        prefix = self._prefix.get(key)
-        if prefix is None:
-            inner = _label_text(metric, labels)
-            prefix = f"{name}{{{inner}}} " if inner else f"{name} "
-            if len(self._prefix) > 200_000:  # bound the cache if label values churn
-                self._prefix.clear()
-            self._prefix[key] = prefix
+    def _new_prefix(self, metric: Metric, labels: tuple[str, ...], prefixes: dict[tuple[str, ...], str]) -> str:
+        inner = _label_text(metric, labels)
+        prefix = f"{metric.name}{{{inner}}} " if inner else f"{metric.name} "
+        if self._cached >= PREFIX_CACHE_LIMIT:
+            for cached in self._prefixes.values():
+                cached.clear()
+            self._cached = 0
+        prefixes[labels] = prefix
+        self._cached += 1
         return prefix
+
+    def _header(self, metric: Metric, fmt: str) -> str:
+        text = self._headers.get((metric, fmt))
+        if text is None:
+            text = self._headers[(metric, fmt)] = header(metric, fmt)
+        return text
 
     def _histogram(self, out: list[str], metric: Metric, rows: list) -> None:  # type: ignore[type-arg]
         """Rows hold (cumulative bucket counts incl. +Inf, sum); `le` comes from the catalog."""
@@ -108,19 +149,31 @@ class Renderer:
 
     def render(self, batch: Batch, fmt: str) -> bytes:
         out: list[str] = []
-        for metric in sorted(batch.series, key=lambda m: _ORDER[m.name]):
+        append = out.append
+        for metric in sorted(batch.series, key=_order):
             rows = batch.series[metric]
             if not rows:
                 continue
-            out.append(header(metric, fmt))
-            name = metric.name
+            append(self._header(metric, fmt))
             if metric.kind is Kind.HISTOGRAM:
                 self._histogram(out, metric, rows)
                 continue
+            prefixes = self._prefixes.get(metric)
+            if prefixes is None:
+                prefixes = self._prefixes[metric] = {}
+            known = prefixes.get
             for labels, value in rows:
-                out.append(self._series_prefix(name, metric, labels) + format_value(value) + "\n")
+                prefix = known(labels)
+                if prefix is None:
+                    prefix = self._new_prefix(metric, labels, prefixes)
+                # ints (most values) inline; format_value gives str(value) for them too
+                append(f"{prefix}{value}\n" if type(value) is int else f"{prefix}{format_value(value)}\n")
         # Label values come from the system (process names, device names): never fail on bad bytes.
         return "".join(out).encode("utf-8", errors="replace")
+
+
+def _order(metric: Metric) -> int:
+    return metric.order
 
 
 def header(metric: Metric, fmt: str) -> str:

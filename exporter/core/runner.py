@@ -11,7 +11,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from .exposition import Batch
-from .sources.base import Source, SourceError
+from .source import Source, SourceError
 
 log = logging.getLogger(__name__)
 

@@ -1,10 +1,10 @@
-"""What every source is: a name and a `collect()` that returns a Batch. Nothing else is shared."""
+"""What every source is to the runtime: a name, a `collect()` that returns a Batch, and a lifecycle."""
 
 from __future__ import annotations
 
 from typing import Protocol
 
-from ..exposition import Batch
+from .exposition import Batch
 
 
 class SourceError(Exception):
@@ -16,10 +16,17 @@ class SourceError(Exception):
 
 
 class Source(Protocol):
+    """Sources subclass it explicitly, and so inherit a lifecycle that does nothing where they need none."""
+
     name: str
+
+    def start(self) -> None:
+        """Open what the source serves or watches (the events socket, say), before its first collection.
+        Failing to must not raise: the source reports it from `collect()` and the daemon keeps serving."""
 
     def collect(self) -> Batch:
         """Collect once. Raise SourceError (or anything) to mark the source down."""
         ...
 
-    def close(self) -> None: ...
+    def close(self) -> None:
+        """Release what the source holds (connections, worker processes, servers)."""

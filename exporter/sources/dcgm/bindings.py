@@ -21,8 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from ..config import DCGM_BINDINGS_PATHS
 from .api import GENERIC_ERROR, LIBRARY_NOT_FOUND, STALE_AFTER_INTERVALS, DcgmError, DcgmGpu, Latest
+from .settings import DCGM_BINDINGS_PATHS
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from ..gpu.simulated import SimulatedGpus
+from ..nvml.simulated import SimulatedGpus
 from .api import (
     CONNECTION_NOT_VALID,
     FI_PROF_DRAM_ACTIVE,

@@ -21,10 +21,12 @@ import logging
 import time
 from collections.abc import Callable
 
-from .. import catalog as c
-from ..config import DcgmConfig
-from ..dcgm import scrape
-from ..dcgm.api import (
+from ...core.exposition import Batch
+from ...core.gpus import NodeGpus
+from ..base import Source, SourceError
+from . import metrics as c
+from . import scrape
+from .api import (
     CONNECTION_NOT_VALID,
     FI_PROF_DRAM_ACTIVE,
     FI_PROF_NVLINK_RX_BYTES,
@@ -43,9 +45,7 @@ from ..dcgm.api import (
     DcgmBackend,
     DcgmError,
 )
-from ..exposition import Batch
-from ..gpu_inventory import GpuInventory
-from .base import SourceError
+from .settings import DcgmConfig
 
 log = logging.getLogger(__name__)
 
@@ -196,22 +196,22 @@ class _ExporterReader:
         self._fetcher.close()
 
 
-class DcgmSource:
+class DcgmSource(Source):
     name = "dcgm"
 
     def __init__(
         self,
         config: DcgmConfig,
         backend: DcgmBackend | None = None,
-        inventory: GpuInventory | None = None,
+        table: NodeGpus | None = None,
         clock: Callable[[], float] = time.monotonic,
         nvml_enabled: bool | None = None,
     ) -> None:
-        """`nvml_enabled`: whether the nvml source runs and fills `inventory` (default: whether an
-        inventory was given). Only without it are GPUs labelled by DCGM's (or dcgm-exporter's) own ids."""
+        """`nvml_enabled`: whether the nvml source runs and fills `table` (default: whether a table was
+        given). Only without it are GPUs labelled by DCGM's (or dcgm-exporter's) own ids."""
         self.mode = config.mode
-        self.nvml_enabled = inventory is not None if nvml_enabled is None else nvml_enabled
-        self.inventory = inventory or GpuInventory()
+        self.nvml_enabled = table is not None if nvml_enabled is None else nvml_enabled
+        self.table = table or NodeGpus()
         self._reader: _BindingsReader | _ExporterReader
         if config.mode == "exporter":
             self._reader = _ExporterReader(config)
@@ -226,7 +226,7 @@ class DcgmSource:
     def collect(self) -> Batch:
         batch = Batch()
         readings = self._reader.read(batch)
-        known = self.inventory.snapshot()
+        known = self.table.index_by_uuid()
         if self.nvml_enabled and not known:
             # DCGM's ids are not NVML's: labelling by them now would put the values on the wrong `gpu`
             raise SourceError("dcgm_waiting_for_nvml", "the nvml source has not identified this node's GPUs "

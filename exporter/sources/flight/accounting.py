@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 from dataclasses import dataclass, field
 
-from ..catalog import COLLECTIVE_BUCKETS
+from .metrics import COLLECTIVE_BUCKETS
 from .schema import Dump, Entry, Group
 
 Key = tuple[str, str]  # (process group, op)

@@ -7,7 +7,7 @@ Where dumps are looked for (`flight.dir`, `flight.prefix`):
 
 `<prefix>` defaults to PyTorch's own `nccl_trace_rank_`, so pointing TORCH_FR_DUMP_TEMP_FILE at
 `DIR/<workload>/nccl_trace_rank_` puts NCCL's dump-on-timeout files where the periodic dumps of
-`exporter.client.Telemetry.dump_flight_recorder` go, and each folder is also valid `torchfrtrace`
+`goodput_client.Telemetry.dump_flight_recorder` go, and each folder is also valid `torchfrtrace`
 input. Hidden files and names ending in .partial or .tmp are a writer's temporary files and are
 skipped; any other file that does not follow the pattern is rejected as bad_name.
 
@@ -29,15 +29,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import catalog as c
-from ..config import FlightConfig
-from ..exposition import Batch
-from ..flight.accounting import Prior, Summary
-from ..flight.analysis import RankDump, missing_ranks
-from ..flight.load import MAYBE_PARTIAL, REASONS, Rejected
-from ..flight.schema import Dump
-from ..flight.worker import ParseWorker
-from .base import SourceError
+from ...core.exposition import Batch
+from ..base import Source, SourceError
+from . import metrics as c
+from .accounting import Prior, Summary
+from .analysis import RankDump, missing_ranks
+from .load import MAYBE_PARTIAL, REASONS, Rejected
+from .schema import Dump
+from .settings import FlightConfig
+from .worker import ParseWorker
 
 log = logging.getLogger(__name__)
 
@@ -152,7 +152,7 @@ class _Reporter:
                         "counts them by reason)", self.suppressed)
 
 
-class FlightSource:
+class FlightSource(Source):
     name = "flight"
 
     def __init__(self, config: FlightConfig, clock: Callable[[], float] = time.time) -> None:

@@ -100,7 +100,7 @@ def _serve(conn: Connection, limit: int) -> None:
 class ParseWorker:
     """The daemon's side: one worker process, started on first use and restarted when it dies.
 
-    The worker is a fresh `python -m exporter.flight.worker` talking over an inherited socket pair:
+    The worker is a fresh `python -m exporter.sources.flight.worker` talking over an inherited socket pair:
     unlike multiprocessing's spawn it never re-imports the daemon's (or a user script's) main module."""
 
     def __init__(self, max_file_bytes: int, timeout: float) -> None:
@@ -119,7 +119,7 @@ class ParseWorker:
         ours, theirs = socket.socketpair()
         try:
             process = subprocess.Popen(
-                [sys.executable, "-m", "exporter.flight.worker", str(theirs.fileno()), str(self.limit)],
+                [sys.executable, "-m", "exporter.sources.flight.worker", str(theirs.fileno()), str(self.limit)],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, close_fds=True,
                 env={**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)})
         finally:
@@ -170,5 +170,5 @@ class ParseWorker:
         return self._process.pid if self._process is not None and self._process.poll() is None else None
 
 
-if __name__ == "__main__":  # the worker process: python -m exporter.flight.worker FD LIMIT
+if __name__ == "__main__":  # the worker process: python -m exporter.sources.flight.worker FD LIMIT
     _serve(Connection(int(sys.argv[1])), int(sys.argv[2]))

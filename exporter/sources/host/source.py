@@ -12,9 +12,10 @@ from pathlib import Path
 
 import psutil
 
-from .. import catalog as c
-from ..exposition import Batch
-from ..gpu_processes import GpuProcessTable
+from ...core.exposition import Batch
+from ...core.gpus import NodeGpus
+from ..base import Source
+from . import metrics as c
 
 log = logging.getLogger(__name__)
 
@@ -33,11 +34,11 @@ def parse_pressure(text: str) -> dict[str, float]:
     return out
 
 
-class HostSource:
+class HostSource(Source):
     name = "host"
 
-    def __init__(self, processes: GpuProcessTable, proc_path: str = "/proc") -> None:
-        self.processes = processes
+    def __init__(self, table: NodeGpus, proc_path: str = "/proc") -> None:
+        self.table = table
         self.proc_path = Path(proc_path)
         if proc_path != "/proc":
             psutil.PROCFS_PATH = proc_path
@@ -46,7 +47,7 @@ class HostSource:
 
     def collect(self) -> Batch:
         batch = Batch()
-        table = self.processes.snapshot()
+        table = self.table.holders()
         unreadable = 0
         for pid, holders in table.items():
             if not self._collect_process(pid, holders, batch):

@@ -7,6 +7,7 @@ import logging
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from goodput_client.contract import EVENTS_PATH
 from pydantic import ValidationError
 
 from .models import EventBatch
@@ -33,7 +34,7 @@ def create_ingest_app(state: IngestState, token: str | None, max_body_bytes: int
         state.reject(reason)  # counted in goodput_ingest_rejected_requests_total{reason}
         return _error(status, message, details)
 
-    @app.post("/v1/events")
+    @app.post(EVENTS_PATH)
     async def events(request: Request) -> JSONResponse:
         if expected is not None:
             given = request.headers.get("authorization", "").encode()

@@ -6,11 +6,11 @@ import logging
 import socket
 from pathlib import Path
 
-from ..config import ConfigError, IngestConfig
-from ..http_server import ServerThread
-from ..sockets import bind, unix_socket
+from ...core.http import ServerThread, bind, unix_socket
+from ...core.settings import ConfigError
 from .app import create_ingest_app
 from .peer import PeerCredProtocol
+from .settings import IngestConfig
 from .state import IngestState
 
 log = logging.getLogger(__name__)

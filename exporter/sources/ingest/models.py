@@ -1,21 +1,21 @@
-"""The wire format of POST /v1/events, validated strictly: nothing half-applied, nothing guessed."""
+"""The wire format of POST /v1/events, validated strictly: nothing half-applied, nothing guessed.
+
+The names, phases, lifecycle events and limits are the training client's wire contract
+(`goodput_client.contract`), imported, never restated.
+"""
 
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from goodput_client.contract import LIFECYCLE_EVENTS, MAX_COUNT, MAX_RANK, MAX_SECONDS, PHASES, WORKLOAD_PATTERN
 from pydantic import BaseModel, ConfigDict, Field
 
-from ..catalog import PHASES
-from ..launcher import MAX_RANK, WORKLOAD_PATTERN
-
-MAX_SECONDS = 86_400.0  # a step or phase longer than a day is a bug in the reporter, not data
 Workload = Annotated[str, Field(pattern=WORKLOAD_PATTERN)]
 Rank = Annotated[int, Field(ge=0, lt=MAX_RANK)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=0, le=10**12)]
-Phase = Literal["compute", "data_wait", "comm_wait", "checkpoint", "startup", "other"]
-assert set(Phase.__args__) == set(PHASES)  # type: ignore[attr-defined]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Phase = Literal[PHASES]  # type: ignore[valid-type]
 
 
 class _Event(BaseModel):
@@ -39,7 +39,7 @@ class PhaseEvent(_Event):
 
 class LifecycleEvent(_Event):
     type: Literal["lifecycle"]
-    event: Literal["start", "restart", "end"]
+    event: Literal[LIFECYCLE_EVENTS]  # type: ignore[valid-type]
 
 
 Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent, Field(discriminator="type")]

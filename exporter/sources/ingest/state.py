@@ -11,9 +11,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import catalog as c
-from ..exposition import Batch
-from ..sources.base import SourceError
+from goodput_client.contract import PHASES
+
+from ...core.exposition import Batch
+from . import metrics as c
 from .models import LifecycleEvent, PhaseEvent, StepEvent
 from .peer import start_time
 
@@ -184,7 +185,7 @@ class IngestState:
                 batch.add(c.STEPS, key, rank.steps)
                 batch.add(c.TOKENS, key, rank.tokens)
                 batch.add(c.SAMPLES, key, rank.samples)
-                for phase in c.PHASES:
+                for phase in PHASES:
                     batch.add(c.PHASE_SECONDS, (*key, phase), rank.phases.get(phase, 0.0))
                 batch.add(c.RESTARTS, key, rank.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
@@ -194,20 +195,3 @@ class IngestState:
                 batch.add(c.INGEST_REJECTED, (reason,), self.rejected[reason])
         return batch
 
-
-class IngestSource:
-    """Publishes the ingest state on the source's interval, like any other source."""
-
-    name = "ingest"
-
-    def __init__(self, state: IngestState) -> None:
-        self.state = state
-        self.listen_error: str | None = None  # set when the events socket could not be opened
-
-    def collect(self) -> Batch:
-        if self.listen_error is not None:
-            raise SourceError("listen_failed", self.listen_error)
-        return self.state.snapshot()
-
-    def close(self) -> None:
-        pass

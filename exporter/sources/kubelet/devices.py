@@ -27,7 +27,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ..gpu_processes import GpuIdentity
+from ...core.gpus import GpuIdentity
 
 NVIDIA_DRA_DRIVER = "gpu.nvidia.com"
 

@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from exporter.attribution import podresources_v1_pb2 as exporter_dot_attribution_dot_podresources__v1__pb2
+from exporter.sources.kubelet import podresources_v1_pb2 as exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2
 
 GRPC_GENERATED_VERSION = '1.64.3'
 GRPC_VERSION = grpc.__version__
@@ -20,7 +20,7 @@ except ImportError:
 if _version_not_supported:
     warnings.warn(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + f' but the generated code in exporter/attribution/podresources_v1_pb2_grpc.py depends on'
+        + f' but the generated code in exporter/sources/kubelet/podresources_v1_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -42,18 +42,18 @@ class PodResourcesListerStub(object):
         """
         self.List = channel.unary_unary(
                 '/v1.PodResourcesLister/List',
-                request_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-                response_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+                request_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+                response_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
                 _registered_method=True)
         self.GetAllocatableResources = channel.unary_unary(
                 '/v1.PodResourcesLister/GetAllocatableResources',
-                request_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
-                response_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
+                request_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
+                response_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
                 _registered_method=True)
         self.Get = channel.unary_unary(
                 '/v1.PodResourcesLister/Get',
-                request_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-                response_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+                request_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+                response_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
                 _registered_method=True)
 
 
@@ -84,18 +84,18 @@ def add_PodResourcesListerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'List': grpc.unary_unary_rpc_method_handler(
                     servicer.List,
-                    request_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
-                    response_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
+                    request_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesRequest.FromString,
+                    response_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesResponse.SerializeToString,
             ),
             'GetAllocatableResources': grpc.unary_unary_rpc_method_handler(
                     servicer.GetAllocatableResources,
-                    request_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesRequest.FromString,
-                    response_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesResponse.SerializeToString,
+                    request_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesRequest.FromString,
+                    response_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesResponse.SerializeToString,
             ),
             'Get': grpc.unary_unary_rpc_method_handler(
                     servicer.Get,
-                    request_deserializer=exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
-                    response_serializer=exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
+                    request_deserializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesRequest.FromString,
+                    response_serializer=exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesResponse.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -124,8 +124,8 @@ class PodResourcesLister(object):
             request,
             target,
             '/v1.PodResourcesLister/List',
-            exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
-            exporter_dot_attribution_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesRequest.SerializeToString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.ListPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -151,8 +151,8 @@ class PodResourcesLister(object):
             request,
             target,
             '/v1.PodResourcesLister/GetAllocatableResources',
-            exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
-            exporter_dot_attribution_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesRequest.SerializeToString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.AllocatableResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,
@@ -178,8 +178,8 @@ class PodResourcesLister(object):
             request,
             target,
             '/v1.PodResourcesLister/Get',
-            exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
-            exporter_dot_attribution_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesRequest.SerializeToString,
+            exporter_dot_sources_dot_kubelet_dot_podresources__v1__pb2.GetPodResourcesResponse.FromString,
             options,
             channel_credentials,
             insecure,

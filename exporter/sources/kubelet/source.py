@@ -18,14 +18,14 @@ import logging
 import os
 from fnmatch import fnmatchcase
 
-from .. import catalog as c
-from ..attribution.devices import GpuMatcher, Match
-from ..attribution.kubelet import DRA, Assignment, PodResourcesClient, PodResourcesError
-from ..attribution.podlabels import PodLabeler, PodLabelsClient, in_cluster_url, prometheus_label
-from ..config import KubeletConfig, gpu_resource_patterns, pod_label_names
-from ..exposition import Batch
-from ..gpu_processes import GpuProcessTable
-from .base import SourceError
+from ...core.exposition import Batch
+from ...core.gpus import NodeGpus
+from ..base import Source, SourceError
+from . import metrics as c
+from .devices import GpuMatcher, Match
+from .podlabels import PodLabeler, PodLabelsClient, in_cluster_url, prometheus_label
+from .podresources import DRA, Assignment, PodResourcesClient, PodResourcesError
+from .settings import KubeletConfig, gpu_resource_patterns, pod_label_names
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,11 @@ MISSING_HINT = ("mount the kubelet's /var/lib/kubelet/pod-resources into the exp
                 "kubelet.enabled=false off Kubernetes")
 
 
-class KubeletSource:
+class KubeletSource(Source):
     name = "kubelet"
 
-    def __init__(self, config: KubeletConfig, processes: GpuProcessTable) -> None:
-        self.processes = processes
+    def __init__(self, config: KubeletConfig, table: NodeGpus) -> None:
+        self.table = table
         self.patterns = gpu_resource_patterns(config.gpu_resources)
         self.client = PodResourcesClient(config.socket_path, deadline=config.timeout * GRPC_SHARE_OF_TIMEOUT,
                                          reconnect_seconds=config.interval)
@@ -64,7 +64,7 @@ class KubeletSource:
         except PodResourcesError as exc:
             hint = f"; {MISSING_HINT}" if exc.reason == "socket_missing" else ""
             raise SourceError(exc.reason, f"kubelet pod-resources: {exc}{hint}") from None
-        matcher = GpuMatcher(self.processes.gpus())
+        matcher = GpuMatcher(self.table.gpus())
         batch = Batch()
         rows: set[tuple[str, ...]] = set()
         unmatched: list[str] = []

@@ -5,6 +5,11 @@ closed form: NVML-style utilization samples, energy, temperature, NVLink/PCIe tr
 simulator cheap at 64 GPUs and gives tests the ground truth (exact idle seconds) to measure our
 numbers against. Faults are injected through methods (tests) or a schedule (config).
 
+The simulator runs inside the daemon, so its cost counts in the daemon's CPU and memory figures
+(bench/cpu_split.py tells them apart): GPUs with the same pattern share one `Pattern` (a training
+pattern is thousands of segments), consecutive utilization samples share their common end, and the
+newest sample (a pure function of its end time, asked for by several queries a poll) is kept.
+
 Only ever used when asked for (`--simulate N`).
 """
 
@@ -45,6 +50,7 @@ IDLE_WATTS = 70.0
 MAX_WATTS = 700.0
 SAMPLE_PERIOD_US = 166_667  # NVML refreshes GPU utilization about six times a second on recent GPUs
 SAMPLE_BUFFER = 120  # samples NVML keeps; a poller slower than 20 s loses some, as with the driver
+SAMPLE_CACHE = 8  # samples the simulator keeps computed per GPU (the newest is asked for several times a poll)
 THROTTLE_POLICY = {"power": 0, "thermal": 1}
 MIG_PROFILES = {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80}
 
@@ -68,6 +74,7 @@ PCIE_TX_BUSY_BYTES_PER_SECOND = 1.5e9
 PCIE_RX_BUSY_BYTES_PER_SECOND = 3e9
 NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK = 10 * 2**30
 MEMORY_PHASE_SHARE = 0.2  # of each training step's compute: the optimizer update, memory-bound
+_NVLINK_DATA = -1  # in a field plan (SimulatedGpus._field_plan): a link's data counter
 
 
 class Pattern:
@@ -99,6 +106,8 @@ class Pattern:
         self._per_period = totals
         self.flags = [0 if kind == "idle" else 1 for kind in self.kinds]
         self.busy_per_period = t - totals["idle"]
+        self._idle_at_end = self._at_end["idle"]
+        self._idle_per_period = totals["idle"]
 
     @classmethod
     def square(cls, busy: float, idle: float, kind: str = "compute") -> Pattern:
@@ -145,8 +154,19 @@ class Pattern:
         return seconds
 
     def busy_until(self, t: float) -> float:
-        """Busy seconds in [0, t]."""
-        return max(t, 0.0) - self.seconds_until(t, "idle")
+        """Busy seconds in [0, t]: `t - seconds_until(t, "idle")`, inlined (the simulator's hottest call),
+        with the same operations in the same order, so the same floats."""
+        if t <= 0:
+            return 0.0
+        cycles, rest = divmod(t, self.period)
+        ends = self.ends
+        i = bisect.bisect_right(ends, rest)
+        idle = cycles * self._idle_per_period
+        if i > 0:
+            idle += self._idle_at_end[i - 1]
+        if i < len(ends) and not self.flags[i]:
+            idle += rest - (ends[i - 1] if i > 0 else 0.0)
+        return t - idle
 
     def busy_between(self, t0: float, t1: float) -> float:
         return self.busy_until(t1) - self.busy_until(t0)
@@ -182,6 +202,10 @@ class _Gpu:
     throttles: list[tuple[int, float, float]] = field(default_factory=list)  # policy, start, end
     registered: bool = False
     mig: list[_Mig] = field(default_factory=list)
+    # the last utilization samples computed, by end time (µs) -> whole percent: pure functions of the pattern
+    samples: dict[int, float] = field(default_factory=dict)
+    busy_at_start: float | None = None  # pattern's busy seconds at the simulator's start
+    field_plan: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None  # fields asked -> their plan
 
 
 @dataclass
@@ -218,14 +242,12 @@ class SimulatedGpus:
         half = max(1, len(cpus) // 2)
         numa = [frozenset(cpus[:half]), frozenset(cpus[half:] or cpus[:half])]
         self._gpus: list[_Gpu] = []
+        # Patterns never change once built: one for every GPU (a training one is thousands of segments).
+        shared = Pattern.square(busy, idle) if pattern == "square" else Pattern.training(random.Random(seed))
         for i in range(count):
             rng = random.Random(seed * 1_000_003 + i)
-            if pattern == "square":
-                pat = Pattern.square(busy, idle)
-                offset = 0.0
-            else:
-                pat = Pattern.training(random.Random(seed))  # one job: GPUs in lock-step...
-                offset = rng.uniform(0.0, 0.02)  # ...with a little skew per rank
+            pat = shared  # "training": one job, GPUs in lock-step...
+            offset = 0.0 if pattern == "square" else rng.uniform(0.0, 0.02)  # ...with a little skew per rank
             self._gpus.append(_Gpu(
                 index=i,
                 uuid=f"GPU-{uuid.UUID(int=rng.getrandbits(128), version=4)}",
@@ -292,8 +314,11 @@ class SimulatedGpus:
         return now_us // SAMPLE_PERIOD_US * SAMPLE_PERIOD_US / 1e6
 
     def set_pattern(self, index: int, pattern: Pattern, offset: float = 0.0) -> None:
-        self._gpus[index].pattern = pattern
-        self._gpus[index].offset = offset
+        gpu = self._gpus[index]
+        gpu.pattern = pattern
+        gpu.offset = offset
+        gpu.samples.clear()
+        gpu.busy_at_start = None
 
     def lose(self, index: int) -> None:
         self._gpus[index].lost = True
@@ -301,6 +326,7 @@ class SimulatedGpus:
     def set_unsupported(self, index: int, *what: str) -> None:
         """Make methods (e.g. "device_power_milliwatts") or fields ("field:197") unsupported."""
         self._gpus[index].unsupported.update(what)
+        self._gpus[index].field_plan = None
 
     def inject_xid(self, index: int, xid: int, count: int = 1) -> None:
         with self._lock:
@@ -420,10 +446,19 @@ class SimulatedGpus:
         return handle.minor
 
     def _sample_value(self, gpu: _Gpu, end_us: int) -> float:
-        t1 = end_us / 1e6
-        t0 = (end_us - SAMPLE_PERIOD_US) / 1e6
-        busy = gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, t1))
-        return float(round(100.0 * busy / (t1 - t0)))  # NVML reports whole percent
+        value = gpu.samples.get(end_us)
+        if value is None:
+            t1 = end_us / 1e6
+            t0 = (end_us - SAMPLE_PERIOD_US) / 1e6
+            busy = gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, t1))
+            value = float(round(100.0 * busy / (t1 - t0)))  # NVML reports whole percent
+            self._keep(gpu, end_us, value)
+        return value
+
+    def _keep(self, gpu: _Gpu, end_us: int, value: float) -> None:
+        if len(gpu.samples) >= SAMPLE_CACHE:
+            gpu.samples.clear()
+        gpu.samples[end_us] = value
 
     def device_utilization_percent(self, handle: _Gpu) -> int:
         self._check("device_utilization_percent", handle)
@@ -436,8 +471,26 @@ class SimulatedGpus:
         newest = now_us // SAMPLE_PERIOD_US
         first = max(since_us // SAMPLE_PERIOD_US + 1, newest - SAMPLE_BUFFER + 1,
                     int(self._start * 1e6) // SAMPLE_PERIOD_US + 1)
-        return [(k * SAMPLE_PERIOD_US, self._sample_value(handle, k * SAMPLE_PERIOD_US))
-                for k in range(first, newest + 1)]
+        out = []
+        cached, busy_until, start, offset = handle.samples, handle.pattern.busy_until, self._start, handle.offset
+        busy: float | None = None  # at the previous sample's end, which is this one's start
+        for k in range(first, newest + 1):
+            end_us = k * SAMPLE_PERIOD_US
+            value = cached.get(end_us)
+            if value is None:  # `_sample_value`'s, each end's busy seconds computed once: the same floats
+                t1 = end_us / 1e6
+                t0 = (end_us - SAMPLE_PERIOD_US) / 1e6
+                if busy is None:
+                    busy = busy_until(t0 - start + offset)
+                after = busy_until(t1 - start + offset)
+                value = float(round(100.0 * (after - busy) / (t1 - t0)))
+                busy = after
+            else:
+                busy = None
+            out.append((end_us, value))
+        if out:
+            self._keep(handle, *out[-1])  # the newest is asked for again (utilization, power, clocks)
+        return out
 
     def device_memory(self, handle: _Gpu | _Mig) -> tuple[int, int]:
         if isinstance(handle, _Mig):
@@ -449,9 +502,18 @@ class SimulatedGpus:
     def _busy(self, gpu: _Gpu, seconds_back: float | None = None) -> float:
         now = self._clock()
         t0 = self._start if seconds_back is None else max(self._start, now - seconds_back)
-        return gpu.pattern.busy_between(self._pattern_time(gpu, t0), self._pattern_time(gpu, now))
+        pattern = gpu.pattern
+        if t0 == self._start:
+            if gpu.busy_at_start is None:
+                gpu.busy_at_start = pattern.busy_until(self._pattern_time(gpu, t0))
+            before = gpu.busy_at_start
+        else:
+            before = pattern.busy_until(self._pattern_time(gpu, t0))
+        return pattern.busy_until(self._pattern_time(gpu, now)) - before
 
     def _throttled(self, gpu: _Gpu, policy: int) -> bool:
+        if not gpu.throttles:
+            return False
         now = self._clock()
         return any(p == policy and start <= now < end for p, start, end in gpu.throttles)
 
@@ -484,12 +546,14 @@ class SimulatedGpus:
         self._check("device_sm_clock_mhz", handle)
         if self.device_utilization_percent(handle) == 0:
             return 345
-        if any(self._throttled(handle, p) for p in THROTTLE_POLICY.values()):
+        if handle.throttles and any(self._throttled(handle, p) for p in THROTTLE_POLICY.values()):
             return 1275
         return 1980
 
     def device_violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
         self._check("device_violation_nanoseconds", handle)
+        if not handle.throttles:
+            return 0
         now = self._clock()
         seconds = sum(max(0.0, min(now, end) - start)
                       for p, start, end in handle.throttles if p == policy and start <= now)
@@ -503,21 +567,34 @@ class SimulatedGpus:
         self._check("device_field_values", handle)
         busy = self._busy(handle)
         elapsed = self._clock() - self._start
-        out: list[int | None] = []
+        nvlink_kib = busy * NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK / 1024
+        answers = (None, NVLINKS,
+                   int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND),
+                   int(busy * PCIE_RX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
+        plan = handle.field_plan
+        if plan is None or plan[0] != fields:
+            plan = handle.field_plan = (list(fields), self._field_plan(handle, fields))
+        return [int(nvlink_kib + scope) if kind == _NVLINK_DATA else answers[kind] for kind, scope in plan[1]]
+
+    @staticmethod
+    def _field_plan(handle: _Gpu, fields: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """What answers each field: (_NVLINK_DATA, link) for a link's KiB counter, else (index into the
+        answers: none, link count, PCIe TX bytes, PCIe RX bytes, 0)."""
+        plan = []
         for field_id, scope in fields:
             if f"field:{field_id}" in handle.unsupported:
-                out.append(None)
+                plan.append((0, 0))
             elif field_id == FI_NVLINK_LINK_COUNT:
-                out.append(NVLINKS)
+                plan.append((1, 0))
             elif field_id in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB) and scope < NVLINKS:
-                out.append(int(busy * NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK / 1024 + scope))  # KiB
+                plan.append((_NVLINK_DATA, scope))  # KiB
             elif field_id == FI_PCIE_TX_BYTES:
-                out.append(int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
+                plan.append((2, 0))
             elif field_id == FI_PCIE_RX_BYTES:
-                out.append(int(busy * PCIE_RX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
+                plan.append((3, 0))
             else:
-                out.append(None)
-        return out
+                plan.append((0, 0))
+        return plan
 
     def device_nvlink_active(self, handle: _Gpu, link: int) -> bool:
         self._check("device_nvlink_active", handle)

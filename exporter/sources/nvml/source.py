@@ -10,9 +10,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import catalog as c
-from ..exposition import Batch
-from ..gpu.api import (
+from ...core.catalog import Metric
+from ...core.exposition import Batch
+from ...core.gpus import GpuHolder, GpuIdentity, NodeGpus
+from ..base import Source, SourceError
+from . import metrics as c
+from .api import (
     DRIVER_NOT_LOADED,
     FI_NVLINK_DATA_RX_KIB,
     FI_NVLINK_DATA_TX_KIB,
@@ -23,14 +26,11 @@ from ..gpu.api import (
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NOT_SUPPORTED,
-    THROTTLE_REASONS,
     UNKNOWN,
     GpuBackend,
     GpuError,
 )
-from ..gpu_inventory import GpuInventory
-from ..gpu_processes import GpuHolder, GpuIdentity, GpuProcessTable
-from .base import SourceError
+from .readings import READINGS
 
 log = logging.getLogger(__name__)
 
@@ -69,25 +69,62 @@ class _GpuState:
     last_xid: float | None = None
     mig_uuids: tuple[str, ...] = ()
     minor: int | None = None  # /dev/nvidia<minor>; None when the driver does not say
+    # label tuples of its series, built once per identity (`labels`): per reading, per NVLink link, per PID
+    series_labels: _SeriesLabels | None = None
 
 
-class NvmlSource:
+class _SeriesLabels:
+    """A GPU's label tuples, kept between collections and checked against their metrics once, when built: the
+    collection appends its rows straight to the batch (`Batch.rows`), without building or checking a tuple per
+    series, and the renderer finds a tuple it saw before faster."""
+
+    __slots__ = ("links", "of", "pids", "readings")
+
+    def __init__(self, labels: tuple[str, str], links: list[int]) -> None:
+        self.of = labels
+        for metric in _GPU_LABELLED:
+            Batch.check(metric, labels)
+        readings = []
+        for reading in READINGS:
+            reading_labels = (*labels, *reading.labels)
+            for metric in reading.metrics:
+                Batch.check(metric, reading_labels)
+            readings.append(reading_labels)
+        self.readings = tuple(readings)
+        self.links = tuple(Batch.check(c.GPU_NVLINK_TX, Batch.check(c.GPU_NVLINK_RX, (*labels, str(link))))
+                           for link in links)
+        self.pids: dict[int, tuple[str, ...]] = {}
+
+    def pid(self, pid: int) -> tuple[str, ...]:
+        labels = self.pids.get(pid)
+        if labels is None:
+            if len(self.pids) >= 1024:  # PIDs come and go: keep the cache to the recent ones
+                self.pids.clear()
+            labels = self.pids[pid] = Batch.check(c.GPU_PROCESS_MEMORY, (*self.of, str(pid)))
+        return labels
+
+
+# the metrics whose rows carry the GPU's own label tuple (gpu, uuid)
+_GPU_LABELLED = (c.GPU_IDLE_SECONDS, c.GPU_SAMPLED_SECONDS, c.GPU_PCIE_TX, c.GPU_PCIE_RX, c.GPU_ALLOCATED)
+
+
+class NvmlSource(Source):
     name = "nvml"
 
     def __init__(
         self,
         backend: GpuBackend,
-        processes: GpuProcessTable | None = None,
+        table: NodeGpus | None = None,
         clock: Callable[[], float] = time.time,
-        inventory: GpuInventory | None = None,
     ) -> None:
         self.backend = backend
-        self.processes = processes or GpuProcessTable()
-        self.inventory = inventory or GpuInventory()
+        self.table = table or NodeGpus()  # what this source learns of the node's GPUs, for the others
         self._clock = clock
         self._gpus: list[_GpuState] | None = None
         self._driver = ""
         self._errors: list[str] = []
+        self._rows: dict[Metric, list[tuple[tuple[str, ...], Any]]] = {}  # the batch being collected's
+        self._lists: list[list[tuple[tuple[str, ...], Any]]] = []
         self._answers = 0  # successful per-GPU queries, to tell a silent GPU from one with gaps
 
     # --- discovery --------------------------------------------------------------------------------
@@ -140,7 +177,7 @@ class NvmlSource:
         gpu.labels = (str(gpu.index), uuid)
         gpu.info = (str(gpu.index), uuid, model, bus_id, self._driver)
         gpu.minor = self._optional(gpu, "minor_number", self.backend.device_minor_number)
-        self.inventory.record(uuid, str(gpu.index))
+        self.table.record(uuid, str(gpu.index))
 
     def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
         """Call a per-GPU query. Unsupported: remembered, never asked again. Lost: raises _Lost.
@@ -150,17 +187,21 @@ class NvmlSource:
         try:
             result = call(gpu.handle, *args)
         except GpuError as exc:
-            if exc.code in UNSUPPORTED:
-                gpu.unsupported.add(key)
-                log.debug("nvml: GPU %d does not support %s", gpu.index, key)
-                return None
-            if exc.code == GPU_IS_LOST:
-                raise _Lost from None
-            self._errors.append(exc.reason)
-            log.debug("nvml: GPU %d: %s failed: %s", gpu.index, key, exc)
+            self._failed(gpu, key, exc)
             return None
         self._answers += 1
         return result
+
+    def _failed(self, gpu: _GpuState, key: str, exc: GpuError) -> None:
+        """A per-GPU query raised: see `_optional`."""
+        if exc.code in UNSUPPORTED:
+            gpu.unsupported.add(key)
+            log.debug("nvml: GPU %d does not support %s", gpu.index, key)
+            return
+        if exc.code == GPU_IS_LOST:
+            raise _Lost from None
+        self._errors.append(exc.reason)
+        log.debug("nvml: GPU %d: %s failed: %s", gpu.index, key, exc)
 
     def _fields(self, gpu: _GpuState, fields: list[tuple[int, int]]) -> list[int | None]:
         values = self._optional(gpu, "field_values", self.backend.device_field_values, fields)
@@ -171,6 +212,9 @@ class NvmlSource:
     def collect(self) -> Batch:
         batch = Batch()
         self._errors = batch.errors
+        # every metric's rows, for `_collect_gpu` to append to (and take back from)
+        self._rows = {metric: batch.rows(metric) for metric in c.METRICS}
+        self._lists = list(self._rows.values())
         holders: dict[int, dict[str, GpuHolder]] = {}
         try:
             if self._gpus is None:
@@ -198,67 +242,73 @@ class NvmlSource:
             if self._gpus and silent == len(self._gpus):
                 raise GpuError(UNKNOWN, f"no GPU answered any NVML query ({', '.join(sorted(set(batch.errors)))})")
         except GpuError as exc:
-            self.processes.replace({})  # nothing known about GPU processes now
+            self.table.replace({})  # nothing known about GPU processes now
             raise SourceError(exc.reason, f"NVML call failed: {exc}") from None
         gpus = tuple(GpuIdentity(g.labels[0], g.labels[1], g.info[3], g.mig_uuids, g.minor)
                      for g in self._gpus if g.labels[1] != UNKNOWN_UUID)
-        self.processes.replace({pid: tuple(hs.values()) for pid, hs in holders.items()}, gpus)
+        self.table.replace({pid: tuple(hs.values()) for pid, hs in holders.items()}, gpus)
+        batch.prune()
         return batch
 
     def _collect_gpu(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
+        """Appends the GPU's rows to the batch's lists; takes them back out when it raises (lost, or it answered
+        no query), so that the caller reports the GPU as down with nothing else."""
+        lists = self._lists
+        sizes = [len(rows) for rows in lists]
+        try:
+            self._collect_gpu_rows(gpu, batch, holders)
+        except BaseException:
+            for rows, size in zip(lists, sizes, strict=True):
+                del rows[size:]
+            raise
+        if gpu.lost:
+            log.warning("nvml: GPU %d (%s) answers again", gpu.index, gpu.labels[1])
+            gpu.lost = False
+        batch.add(c.GPU_INFO, gpu.info, 1)
+        batch.add(c.GPU_UP, gpu.labels, 1)
+
+    def _collect_gpu_rows(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
         read = self._optional
         labels = gpu.labels
+        cached = gpu.series_labels
+        if cached is None or cached.of is not labels or len(cached.links) != len(gpu.links):
+            cached = gpu.series_labels = _SeriesLabels(labels, gpu.links)
+        rows = self._rows  # the label tuples below are cached's (checked) or `labels` (checked by cached)
         errors_before, answers_before = len(self._errors), self._answers
-        util = read(gpu, "utilization", self.backend.device_utilization_percent)
-        staged: list[tuple[c.Metric, tuple[str, ...], float]] = []
-        add = staged.append
-        if util is not None:
-            add((c.GPU_UTILIZATION, labels, util / 100.0))
         self._integrate_samples(gpu)
         if gpu.sampled_seconds or "samples" not in gpu.unsupported:
-            add((c.GPU_IDLE_SECONDS, labels, gpu.idle_seconds))
-            add((c.GPU_SAMPLED_SECONDS, labels, gpu.sampled_seconds))
-        memory = read(gpu, "memory", self.backend.device_memory)
-        if memory is not None:
-            add((c.GPU_MEMORY_USED, labels, memory[0]))
-            add((c.GPU_MEMORY_TOTAL, labels, memory[1]))
-        power = read(gpu, "power", self.backend.device_power_milliwatts)
-        if power is not None:
-            add((c.GPU_POWER, labels, power / 1000.0))
-        power_limit = read(gpu, "power_limit", self.backend.device_power_limit_milliwatts)
-        if power_limit is not None:
-            add((c.GPU_POWER_LIMIT, labels, power_limit / 1000.0))
-        energy = read(gpu, "energy", self.backend.device_energy_millijoules)
-        if energy is not None:
-            add((c.GPU_ENERGY, labels, energy / 1000.0))
-        temperature = read(gpu, "temperature", self.backend.device_temperature_celsius)
-        if temperature is not None:
-            add((c.GPU_TEMPERATURE, labels, temperature))
-        clock = read(gpu, "sm_clock", self.backend.device_sm_clock_mhz)
-        if clock is not None:
-            add((c.GPU_SM_CLOCK, labels, clock * 1e6))
-        for policy, reason in THROTTLE_REASONS.items():
-            ns = read(gpu, f"violation_{reason}", self.backend.device_violation_nanoseconds, policy)
-            if ns is not None:
-                add((c.GPU_THROTTLE_SECONDS, (*labels, reason), ns / 1e9))
-        for error_type, uncorrected in (("corrected", False), ("uncorrected", True)):
-            count = read(gpu, f"ecc_{error_type}", self.backend.device_ecc_errors, uncorrected)
-            if count is not None:
-                add((c.GPU_ECC_ERRORS, (*labels, error_type), count))
+            rows[c.GPU_IDLE_SECONDS].append((labels, gpu.idle_seconds))
+            rows[c.GPU_SAMPLED_SECONDS].append((labels, gpu.sampled_seconds))
+        # The fixed-rule readings: `_optional` inlined (it is most of a collection's calls).
+        unsupported, handle, backend, answers = gpu.unsupported, gpu.handle, self.backend, 0
+        for reading, reading_labels in zip(READINGS, cached.readings, strict=True):
+            if reading.key in unsupported:
+                continue
+            try:
+                raw = getattr(backend, reading.call)(handle, *reading.args)
+            except GpuError as exc:
+                self._failed(gpu, reading.key, exc)
+                continue
+            answers += 1
+            if reading.pair:
+                for metric, value in zip(reading.metrics, raw, strict=True):
+                    rows[metric].append((reading_labels, value if reading.exact else reading.convert(value)))
+            else:
+                rows[reading.metrics[0]].append((reading_labels, raw if reading.exact else reading.convert(raw)))
+        self._answers += answers
         values = self._fields(gpu, gpu.fields)
         if values[0] is not None:
-            add((c.GPU_PCIE_TX, labels, values[0]))
+            rows[c.GPU_PCIE_TX].append((labels, values[0]))
         if values[1] is not None:
-            add((c.GPU_PCIE_RX, labels, values[1]))
-        for i, link in enumerate(gpu.links):
-            tx, rx = values[2 + 2 * i], values[3 + 2 * i]
-            if tx is not None:
-                add((c.GPU_NVLINK_TX, (*labels, str(link)), tx * 1024))
-            if rx is not None:
-                add((c.GPU_NVLINK_RX, (*labels, str(link)), rx * 1024))
+            rows[c.GPU_PCIE_RX].append((labels, values[1]))
+        # per link: transmit then receive
+        rows[c.GPU_NVLINK_TX] += [(link, kib * 1024) for link, kib in zip(cached.links, values[2::2], strict=True)
+                                  if kib is not None]
+        rows[c.GPU_NVLINK_RX] += [(link, kib * 1024) for link, kib in zip(cached.links, values[3::2], strict=True)
+                                  if kib is not None]
         processes = read(gpu, "processes", self.backend.device_compute_processes)
         if processes is not None:
-            add((c.GPU_ALLOCATED, labels, 1 if processes else 0))
+            rows[c.GPU_ALLOCATED].append((labels, 1 if processes else 0))
             memory_by_pid: dict[int, int | None] = {}
             for proc in processes:  # NVML may list a PID once per MIG instance or context
                 known = memory_by_pid.get(proc.pid)
@@ -267,20 +317,13 @@ class NvmlSource:
                 holders.setdefault(proc.pid, {})[labels[0]] = GpuHolder(labels[0], labels[1], gpu.cpus)
             for pid, used in memory_by_pid.items():
                 if used is not None:
-                    add((c.GPU_PROCESS_MEMORY, (*labels, str(pid)), used))
+                    rows[c.GPU_PROCESS_MEMORY].append((cached.pid(pid), used))
         if read(gpu, "mig", self.backend.device_mig_enabled):
-            self._collect_mig(gpu, staged)
+            self._collect_mig(gpu, batch)
         else:
             gpu.mig_uuids = ()
         if self._answers == answers_before and len(self._errors) > errors_before:
             raise GpuError(UNANSWERED, "the GPU answered no query")
-        if gpu.lost:
-            log.warning("nvml: GPU %d (%s) answers again", gpu.index, labels[1])
-            gpu.lost = False
-        batch.add(c.GPU_INFO, gpu.info, 1)
-        batch.add(c.GPU_UP, labels, 1)
-        for metric, metric_labels, value in staged:
-            batch.add(metric, metric_labels, value)
 
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.
@@ -313,7 +356,7 @@ class NvmlSource:
         gpu.idle_seconds += idle
         gpu.sampled_seconds += sampled
 
-    def _collect_mig(self, gpu: _GpuState, staged: list[tuple[c.Metric, tuple[str, ...], float]]) -> None:
+    def _collect_mig(self, gpu: _GpuState, batch: Batch) -> None:
         handles = self._optional(gpu, "mig_handles", self.backend.device_mig_handles) or []
         mig_uuids = []
         for mig in handles:
@@ -327,9 +370,9 @@ class NvmlSource:
                 continue
             mig_uuids.append(mig_uuid)
             profile = name.rsplit(" MIG ", 1)[-1] if " MIG " in name else ""
-            staged.append((c.MIG_INFO, (*gpu.labels, mig_uuid, str(gi), str(ci), profile), 1))
-            staged.append((c.MIG_MEMORY_USED, (*gpu.labels, mig_uuid), used))
-            staged.append((c.MIG_MEMORY_TOTAL, (*gpu.labels, mig_uuid), total))
+            batch.add(c.MIG_INFO, (*gpu.labels, mig_uuid, str(gi), str(ci), profile), 1)
+            batch.add(c.MIG_MEMORY_USED, (*gpu.labels, mig_uuid), used)
+            batch.add(c.MIG_MEMORY_TOTAL, (*gpu.labels, mig_uuid), total)
         gpu.mig_uuids = tuple(mig_uuids)
 
     def _drain_xids(self) -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from ..launcher import VARIABLES, rank_from, valid_workload, workload_from
+from goodput_client.launcher import VARIABLES, rank_from, valid_workload, workload_from
 
 MAX_ENVIRON_BYTES = 1 << 20  # the kernel caps argv+envp well below this on default settings
 _SLURM_CGROUP = re.compile(r"/job_(\d+)(?:/|$)")

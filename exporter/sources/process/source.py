@@ -21,12 +21,13 @@ from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
-from .. import catalog as c
-from ..attribution.procenv import Outcome, read_identity
-from ..exposition import Batch
-from ..gpu_processes import GpuProcessTable
+from ...core.exposition import Batch
+from ...core.gpus import NodeGpus
+from ..base import Source
 from ..ingest.peer import pid_namespace_is_hosts
 from ..ingest.state import IGNORED_REASONS, Declarations
+from . import metrics as c
+from .procenv import Outcome, read_identity
 
 log = logging.getLogger(__name__)
 
@@ -34,12 +35,12 @@ DECLARED = "declared"
 STATES = (DECLARED, *(o.value for o in Outcome))
 
 
-class ProcessSource:
+class ProcessSource(Source):
     name = "process"
 
-    def __init__(self, processes: GpuProcessTable, proc_path: str = "/proc",
+    def __init__(self, table: NodeGpus, proc_path: str = "/proc",
                  declared: Callable[[], Declarations] | None = None) -> None:
-        self.processes = processes
+        self.table = table
         self.proc = Path(proc_path)
         self._declared = declared or (lambda: Declarations({}, {}))
         self._logged: dict[int, str] = {}  # pid -> what was last logged about it
@@ -55,7 +56,7 @@ class ProcessSource:
             log.log(level, message, *args)
 
     def collect(self) -> Batch:
-        table = self.processes.snapshot()
+        table = self.table.holders()
         declarations = self._declared()
         declared = declarations.claims if self.trust_peer_pids else {}
         states: Counter[str] = Counter()
@@ -93,9 +94,6 @@ class ProcessSource:
         for reason in IGNORED_REASONS:
             batch.add(c.DECLARATIONS_IGNORED, (reason,), declarations.ignored.get(reason, 0))
         return batch
-
-    def close(self) -> None:
-        pass
 
 
 def _rank(rank: int | None) -> str:

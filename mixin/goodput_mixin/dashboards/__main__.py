@@ -1,17 +1,18 @@
-"""`python -m exporter.dashboards [--out DIR] [--settings RULES_SETTINGS.yaml]`: write the dashboard JSON."""
+"""`python -m goodput_mixin.dashboards [--out DIR] [--settings RULES_SETTINGS.yaml]`: write the dashboard JSON."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from ..config import ConfigError
+from exporter.core.settings import ConfigError
+
 from ..rules.settings import load_settings
 from . import write
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m exporter.dashboards", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m goodput_mixin.dashboards", description=__doc__)
     parser.add_argument("--out", default="dashboards", help="folder to write the JSON files into")
     parser.add_argument("--settings", help="rules settings YAML (windows, labels, thresholds), as for `rules`")
     args = parser.parse_args(argv)

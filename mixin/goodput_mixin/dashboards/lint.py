@@ -10,7 +10,9 @@ from typing import Any
 
 import promql_parser
 
-from ..catalog import CATALOG, Kind
+from exporter.core.catalog import Kind
+from exporter.sources import CATALOG
+
 from .kit import LEVELS
 
 DATASOURCE_UID = "${datasource}"

@@ -11,7 +11,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from ..config import parse_listen_address
+from exporter.core.settings import parse_listen_address
+
 from .stack import WORKLOAD, Ports, Stack, StackError
 
 FAULTS = ("straggler", "stall", "skip", "xid")

@@ -2,7 +2,7 @@
 
 Each rank is a thread that runs synchronous training steps: wait for data, compute, then meet the
 other ranks in an all-reduce (a barrier), the way DDP does. It reports through the real training
-client (`exporter.client.Telemetry`) and writes its flight-recorder dump in PyTorch's schema (NCCL
+client (`goodput_client.Telemetry`) and writes its flight-recorder dump in PyTorch's schema (NCCL
 style, with process-group membership) into the flight folder. Faults are switched on and off while
 it runs: a straggler rank, a data stall on every rank, and a rank that skips a collective.
 """
@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..client import Telemetry
+from goodput_client import Telemetry
 
 TOKENS_PER_STEP = 4096
 GRADIENT_FLOATS = 1 << 20

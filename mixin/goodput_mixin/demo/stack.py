@@ -20,14 +20,14 @@ from pathlib import Path
 import httpx
 import yaml
 
-from ..config import load
-from ..daemon import Daemon
-from ..gpu.simulated import SimulatedGpus
-from ..http_server import ServerThread
+from exporter.assemble import build_daemon
+from exporter.config import load
+from exporter.core.daemon import Daemon
+from exporter.core.http import ServerThread, bind, create_app
+from exporter.sources.nvml.simulated import SimulatedGpus
+
 from ..rules.render import rule_files
 from ..rules.settings import RulesSettings
-from ..sockets import bind
-from ..web import create_app
 from .simjob import SimulatedJob
 
 log = logging.getLogger(__name__)
@@ -133,7 +133,7 @@ class Stack:
             "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
         sock = bind(config.web.listen_address)
-        self.daemon = Daemon(config, backend=self.gpus)
+        self.daemon = build_daemon(config, backend=self.gpus)
         self.daemon.start()
         self._server = ServerThread(create_app(self.daemon), [sock], "demo-http")
         self._server.start()

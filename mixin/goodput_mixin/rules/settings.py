@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from ..config import ConfigError
+from exporter.core.settings import ConfigError
 
 _RANGE = re.compile(r"^\d+[smhd]$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")

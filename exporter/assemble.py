@@ -1,0 +1,32 @@
+"""Builds the daemon from a Config: the GPU backend, then every enabled source of the registry, in order."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .config import Config
+from .core.daemon import Daemon, Scheduled
+from .core.gpus import NodeGpus
+from .sources import SOURCES
+from .sources.base import Node
+from .sources.nvml.backends import fault_schedule, make_backend
+
+log = logging.getLogger(__name__)
+
+
+def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None) -> Daemon:
+    """`backend`/`dcgm_backend`: GPU and DCGM backends to use instead of the ones the config names (tests).
+    May raise ConfigError (e.g. an unreadable token file), before anything binds a port."""
+    node = Node(config=config, gpu_backend=backend if backend is not None else make_backend(config.simulate),
+                gpus=NodeGpus(), dcgm_backend=dcgm_backend)
+    scheduled = []
+    for spec in SOURCES:
+        settings = getattr(config, spec.name)
+        if not settings.enabled:
+            log.info("source %s is disabled", spec.name)
+            continue
+        scheduled.append(Scheduled(spec.build(node, settings), settings.interval, settings.timeout))
+    faults = fault_schedule(node.gpu_backend, config.simulate)
+    return Daemon(scheduled, node.gpu_backend.name, order=[spec.name for spec in SOURCES],
+                  on_start=[faults] if faults else [])

@@ -1,0 +1,32 @@
+"""The exporter's own metrics: each source's health, and the build."""
+
+from __future__ import annotations
+
+from .catalog import Declarer, Kind
+
+_m = Declarer("exporter")
+
+SRC = ("source",)
+SOURCE_UP = _m(
+    "goodput_exporter_source_up", Kind.GAUGE, "",
+    "1 when the source's last collection succeeded, else 0.", SRC)
+SOURCE_DURATION = _m(
+    "goodput_exporter_source_collection_duration_seconds", Kind.GAUGE, "seconds",
+    "Wall time of the source's last finished collection.", SRC)
+SOURCE_LAST_SUCCESS = _m(
+    "goodput_exporter_source_last_success_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time of the source's last successful collection; absent before the first.", SRC)
+SOURCE_COLLECTIONS = _m(
+    "goodput_exporter_source_collections_total", Kind.COUNTER, "",
+    "Collections the source finished, successful or not.", SRC)
+SOURCE_ERRORS = _m(
+    "goodput_exporter_source_errors_total", Kind.COUNTER, "",
+    "Errors of the source by reason: timeout (a call hung past the source's timeout), exception, "
+    "nvml_not_found, nvml_<error> for NVML errors, and source-specific reasons.",
+    (*SRC, "reason"))
+BUILD_INFO = _m(
+    "goodput_exporter_build_info", Kind.INFO, "",
+    "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
+    ("version", "python_version", "gpu_backend"))
+
+METRICS = _m.metrics

@@ -1,0 +1,116 @@
+"""The building blocks of every settings model: durations, listen addresses, the strict section base, the
+fields every source has, and the error a configuration problem raises.
+
+Each source's own settings model lives in its folder (`sources/<name>/settings.py`) and derives from
+`SourceConfig`; `exporter.config` assembles the root model from the registry and layers file, environment and
+flags over it.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+
+DEFAULT_PORT = 9445
+MAX_DURATION = 86_400.0
+
+
+class ConfigError(Exception):
+    """A configuration problem, phrased for the person who wrote the config."""
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
+_UNIT_SECONDS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(value: Any) -> float:
+    """`500ms`, `1s`, `1.5s`, `2m`, `1h`, or a bare number of seconds -> seconds (float)."""
+    if isinstance(value, bool):
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value)
+        if match is None:
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)") from None
+        else:
+            seconds = float(match.group(1)) * _UNIT_SECONDS[match.group(2)]
+    else:
+        raise ValueError(f"invalid duration {value!r} (use e.g. 500ms, 1s, 2m)")
+    if not seconds > 0:
+        raise ValueError(f"duration must be positive, got {value!r}")
+    if not seconds <= MAX_DURATION:
+        raise ValueError(f"duration {value!r} is longer than the maximum of 24h")
+    return seconds
+
+
+def format_duration(seconds: float) -> str:
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds % 3600 == 0:
+        return f"{int(seconds // 3600)}h"
+    if seconds % 60 == 0:
+        return f"{int(seconds // 60)}m"
+    return f"{seconds:g}s"
+
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+def parse_listen_address(value: str) -> tuple[str, int]:
+    """`HOST:PORT`, `:PORT` (all interfaces) or `[v6]:PORT` -> (host, port)."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not port_text.isdigit():
+        raise ValueError(
+            f"invalid listen address {value!r} (want HOST:PORT, e.g. 0.0.0.0:{DEFAULT_PORT})")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port {port} out of range 0-65535")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        ipaddress.IPv6Address(host)
+    elif host == "":
+        host = "0.0.0.0"
+    return host, port
+
+
+class WebConfig(Section):
+    listen_address: str = Field(
+        f"0.0.0.0:{DEFAULT_PORT}",
+        description="Address the HTTP server (/metrics, /healthz, /readyz) binds.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_address(cls, value: str) -> str:
+        parse_listen_address(value)
+        return value
+
+
+class LogConfig(Section):
+    level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level.")
+    format: Literal["text", "json"] = Field("text", description="Log line format.")
+
+
+class SourceConfig(Section):
+    enabled: bool = Field(True, description="Run this source.")
+    interval: Duration = Field(1.0, description="How often the source collects.")
+    timeout: Duration = Field(
+        5.0, description="A collection running longer than this marks the source down (it is left to finish).")
+
+
+def loopback_address(value: str) -> str:
+    if value:
+        host, _ = parse_listen_address(value)
+        if host != "localhost" and not ipaddress.ip_address(host).is_loopback:
+            raise ValueError(f"{value!r} is not a loopback address: the ingest API must not leave the node")
+    return value

@@ -1,0 +1,64 @@
+"""Metrics of the `dcgm` source: what the kernels do, from DCGM's profiling fields."""
+
+from __future__ import annotations
+
+from ...core.catalog import GPU, Declarer, Kind
+
+_m = Declarer("dcgm")
+
+_DCGM = ("Read from DCGM's profiling field {field} (through DCGM's Python bindings, or from a "
+         "dcgm-exporter on the node); averaged by DCGM over its sampling period: dcgm.interval with "
+         "dcgm.mode=bindings, dcgm-exporter's own collection interval (its -c, 30 s by default) with "
+         "dcgm.mode=exporter.")
+GPU_SM_ACTIVE = _m(
+    "goodput_gpu_sm_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles in which an SM had at least one warp resident, averaged over all SMs (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_SM_ACTIVE"), GPU)
+GPU_SM_OCCUPANCY = _m(
+    "goodput_gpu_sm_occupancy_ratio", Kind.GAUGE, "ratio",
+    "Warps resident on the SMs as a share of the most they can hold, averaged over all SMs (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_SM_OCCUPANCY"), GPU)
+GPU_TENSOR_ACTIVE = _m(
+    "goodput_gpu_tensor_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the tensor (HMMA/IMMA) pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"), GPU)
+GPU_DRAM_ACTIVE = _m(
+    "goodput_gpu_dram_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the device memory interface was sending or receiving data (0-1); near 1 means "
+    "memory-bound. " + _DCGM.format(field="DCGM_FI_PROF_DRAM_ACTIVE"), GPU)
+GPU_FP16_ACTIVE = _m(
+    "goodput_gpu_fp16_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP16 pipes were active, tensor pipes not included (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP16_ACTIVE"), GPU)
+GPU_FP32_ACTIVE = _m(
+    "goodput_gpu_fp32_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP32 pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP32_ACTIVE"), GPU)
+GPU_FP64_ACTIVE = _m(
+    "goodput_gpu_fp64_active_ratio", Kind.GAUGE, "ratio",
+    "Share of cycles the FP64 pipes were active (0-1). "
+    + _DCGM.format(field="DCGM_FI_PROF_PIPE_FP64_ACTIVE"), GPU)
+_DCGM_RATE = ("A rate DCGM measures, averaged over its sampling period (dcgm.interval with "
+              "dcgm.mode=bindings; dcgm-exporter's -c interval, 30 s by default, with dcgm.mode=exporter, "
+              "even where dcgm-exporter types the field as a counter); a gauge, not a counter, "
+              "because only the latest average is seen. Where NVML gives the byte counter "
+              "{counter}, prefer rate() of it: it misses nothing between samples.")
+GPU_DCGM_PCIE_TX = _m(
+    "goodput_gpu_pcie_transmit_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU sent over PCIe, protocol headers included (DCGM_FI_PROF_PCIE_TX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_pcie_transmit_bytes_total"), GPU)
+GPU_DCGM_PCIE_RX = _m(
+    "goodput_gpu_pcie_receive_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU received over PCIe, protocol headers included "
+    "(DCGM_FI_PROF_PCIE_RX_BYTES). " + _DCGM_RATE.format(counter="goodput_gpu_pcie_receive_bytes_total"),
+    GPU)
+GPU_DCGM_NVLINK_TX = _m(
+    "goodput_gpu_nvlink_transmit_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU sent over all its NVLinks together (DCGM_FI_PROF_NVLINK_TX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_transmit_bytes_total (per link)"), GPU)
+GPU_DCGM_NVLINK_RX = _m(
+    "goodput_gpu_nvlink_receive_bytes_per_second", Kind.GAUGE, "bytes_per_second",
+    "Bytes per second the GPU received over all its NVLinks together (DCGM_FI_PROF_NVLINK_RX_BYTES). "
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_receive_bytes_total (per link)"), GPU)
+
+METRICS = _m.metrics

@@ -1,0 +1,32 @@
+"""Settings of the `ingest` source: the events API training jobs report to."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from goodput_client.contract import DEFAULT_SOCKET
+from pydantic import BeforeValidator, Field, field_validator
+
+from ...core.settings import Duration, SourceConfig, loopback_address
+
+
+class IngestConfig(SourceConfig):
+    socket_path: str = Field(
+        DEFAULT_SOCKET,
+        description="Unix socket training jobs send events to (share it with pods through a hostPath).")
+    listen_address: Annotated[str, BeforeValidator(str)] = Field(
+        "", description="Also accept events on this loopback TCP address (HOST:PORT); empty: off.")
+    token_file: str = Field(
+        "", description="File holding a bearer token that event requests must present; empty: no token.")
+    max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest request body accepted.")
+    max_batch_events: int = Field(10_000, ge=1, description="Most events in one request.")
+    max_workloads: int = Field(32, ge=1, description="Live workloads kept on this node; more are rejected.")
+    max_ranks: int = Field(
+        512, ge=1, description="Live (workload, rank) pairs kept on this node; more are rejected.")
+    idle_timeout: Duration = Field(
+        600.0, description="A rank that reports nothing for this long has its series removed.")
+
+    @field_validator("listen_address")
+    @classmethod
+    def _check_loopback(cls, value: str) -> str:
+        return loopback_address(value)

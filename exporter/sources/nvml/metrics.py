@@ -1,0 +1,97 @@
+"""Metrics of the `nvml` source: per GPU, from NVML (or the simulated GPUs)."""
+
+from __future__ import annotations
+
+from ...core.catalog import GPU, Declarer, Kind
+
+_m = Declarer("nvml")
+
+GPU_INFO = _m(
+    "goodput_gpu_info", Kind.INFO, "",
+    "Identity of each GPU seen by NVML; value is always 1.",
+    (*GPU, "model", "pci_bus_id", "driver_version"))
+GPU_UP = _m(
+    "goodput_gpu_up", Kind.GAUGE, "",
+    "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset) or answers "
+    "no query at all.",
+    GPU)
+GPU_UTILIZATION = _m(
+    "goodput_gpu_utilization_ratio", Kind.GAUGE, "ratio",
+    "Share of NVML's last sample period in which any kernel ran (0-1). A snapshot: prefer "
+    "rate(goodput_gpu_idle_seconds_total) for averages.",
+    GPU)
+GPU_IDLE_SECONDS = _m(
+    "goodput_gpu_idle_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds in which no kernel ran, integrated from every buffered NVML utilization sample "
+    "(nvmlDeviceGetSamples), so nothing between polls is missed.",
+    GPU)
+GPU_SAMPLED_SECONDS = _m(
+    "goodput_gpu_sampled_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds covered by the integrated utilization samples; the denominator for the idle fraction "
+    "(rate(idle) / rate(sampled)).",
+    GPU)
+GPU_MEMORY_USED = _m(
+    "goodput_gpu_memory_used_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory in use.", GPU)
+GPU_MEMORY_TOTAL = _m(
+    "goodput_gpu_memory_total_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory installed.", GPU)
+GPU_POWER = _m(
+    "goodput_gpu_power_watts", Kind.GAUGE, "watts", "Power draw of the board.", GPU)
+GPU_POWER_LIMIT = _m(
+    "goodput_gpu_power_limit_watts", Kind.GAUGE, "watts",
+    "Power limit the driver enforces on the board: the lowest of the software (nvidia-smi -pl), hardware "
+    "and board limits. Power at this limit while clocks drop is power throttling.", GPU)
+GPU_ENERGY = _m(
+    "goodput_gpu_energy_joules_total", Kind.COUNTER, "joules",
+    "Energy used since the driver was loaded (NVML total energy counter).", GPU)
+GPU_TEMPERATURE = _m(
+    "goodput_gpu_temperature_celsius", Kind.GAUGE, "celsius", "GPU core temperature.", GPU)
+GPU_SM_CLOCK = _m(
+    "goodput_gpu_sm_clock_hertz", Kind.GAUGE, "hertz", "Current SM clock.", GPU)
+GPU_THROTTLE_SECONDS = _m(
+    "goodput_gpu_clock_throttle_seconds_total", Kind.COUNTER, "seconds",
+    "Seconds the clocks were held below their target, by reason (NVML violation counters): power, "
+    "thermal, sync_boost, board_limit, low_utilization, reliability.",
+    (*GPU, "reason"))
+GPU_ECC_ERRORS = _m(
+    "goodput_gpu_ecc_errors_total", Kind.COUNTER, "",
+    "ECC memory errors since the driver was loaded (volatile counters), error_type corrected or "
+    "uncorrected.",
+    (*GPU, "error_type"))
+GPU_XID_ERRORS = _m(
+    "goodput_gpu_xid_errors_total", Kind.COUNTER, "",
+    "Critical XID error events received from NVML since the exporter started, by XID code.",
+    (*GPU, "xid"))
+GPU_LAST_XID = _m(
+    "goodput_gpu_last_xid_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time of the last XID event on the GPU; absent until one is seen.", GPU)
+GPU_PCIE_TX = _m(
+    "goodput_gpu_pcie_transmit_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes the GPU sent over PCIe (NVML field counters; absent where the GPU has none).", GPU)
+GPU_PCIE_RX = _m(
+    "goodput_gpu_pcie_receive_bytes_total", Kind.COUNTER, "bytes",
+    "Bytes the GPU received over PCIe (NVML field counters; absent where the GPU has none).", GPU)
+GPU_NVLINK_TX = _m(
+    "goodput_gpu_nvlink_transmit_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes sent on each active NVLink link.", (*GPU, "link"))
+GPU_NVLINK_RX = _m(
+    "goodput_gpu_nvlink_receive_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes received on each active NVLink link.", (*GPU, "link"))
+GPU_ALLOCATED = _m(
+    "goodput_gpu_allocated", Kind.GAUGE, "",
+    "1 when at least one compute process holds the GPU, else 0.", GPU)
+GPU_PROCESS_MEMORY = _m(
+    "goodput_gpu_process_memory_used_bytes", Kind.GAUGE, "bytes",
+    "GPU memory held by each compute process (host PID); also the GPU-to-process mapping.",
+    (*GPU, "pid"))
+MIG_INFO = _m(
+    "goodput_gpu_mig_info", Kind.INFO, "",
+    "A MIG instance of the GPU, when MIG mode is on; value is always 1.",
+    (*GPU, "mig_uuid", "gpu_instance_id", "compute_instance_id", "profile"))
+MIG_MEMORY_USED = _m(
+    "goodput_gpu_mig_memory_used_bytes", Kind.GAUGE, "bytes", "Memory in use in the MIG instance.",
+    (*GPU, "mig_uuid"))
+MIG_MEMORY_TOTAL = _m(
+    "goodput_gpu_mig_memory_total_bytes", Kind.GAUGE, "bytes", "Memory of the MIG instance.",
+    (*GPU, "mig_uuid"))
+
+METRICS = _m.metrics

@@ -1,0 +1,40 @@
+"""Alerting rules: prefix Goodput, a severity (critical pages, warning tickets), a static summary, a
+templated description naming the workload, rank, node or GPU, and a runbook in docs/runbooks/.
+
+Each module here is one rule group, `goodput.alerts.<module>`, and declares its alerts once with the runbook
+file each links to; a test checks every runbook exists and every alert has promtool tests that make it fire
+and keep it silent. A new group is a new module and its name in GROUPS.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+
+from ..settings import RulesSettings
+from .alert import Alert, Rule
+
+__all__ = ["GROUPS", "Alert", "alert_groups", "alerts"]
+
+# the groups, in the order they are written to the rule file
+GROUPS = ("workload", "gpu_health", "gpu_usage", "exporter")
+
+
+def _by_group(s: RulesSettings) -> dict[str, list[Alert]]:
+    return {group: import_module(f"{__name__}.{group}").alerts(s) for group in GROUPS}
+
+
+def alerts(s: RulesSettings) -> list[Alert]:
+    """Every alert, group by group."""
+    return [alert for group in _by_group(s).values() for alert in group]
+
+
+def alert_groups(s: RulesSettings) -> list[dict[str, object]]:
+    groups = _by_group(s)
+    names = [alert.name for group in groups.values() for alert in group]
+    if len(names) != len(set(names)):
+        raise AssertionError(f"an alert is declared twice: {sorted(n for n in names if names.count(n) > 1)}")
+    rules: list[dict[str, object]] = []
+    for group, declared in groups.items():
+        group_rules: list[Rule] = [alert.rule(s) for alert in declared]
+        rules.append({"name": f"goodput.alerts.{group}", "rules": group_rules})
+    return rules

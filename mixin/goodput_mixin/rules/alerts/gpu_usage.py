@@ -1,0 +1,29 @@
+"""Alerts on how GPUs are used: allocated but idle, memory about to run out. Group `goodput.alerts.gpu_usage`."""
+
+from __future__ import annotations
+
+from ..settings import RulesSettings
+from .alert import Alert
+
+
+def alerts(s: RulesSettings) -> list[Alert]:
+    short = s.windows[0]
+    node = s.node_label
+    pct = "{{ $value | humanizePercentage }}"
+    return [
+        Alert(
+            "GoodputGPUIdleWhileAllocated", "gpu-idle-while-allocated.md", "warning",
+            f"gpu:goodput_gpu_idle_while_allocated_ratio:rate{short} > {s.idle_while_allocated_ratio}",
+            s.idle_while_allocated_for,
+            "A GPU held by a job sits idle.",
+            f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} is allocated but "
+            f"idle {pct} of the time."),
+        Alert(
+            "GoodputGPUMemoryExhaustionSoon", "gpu-memory-exhaustion.md", "warning",
+            f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{s.memory_predict_horizon} > 1\n"
+            f"and goodput_gpu_memory_used_bytes / goodput_gpu_memory_total_bytes > {s.memory_used_ratio}",
+            s.memory_exhaustion_for,
+            "A GPU is about to run out of memory.",
+            f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} is on course to run "
+            f"out of memory within {s.memory_predict_horizon}."),
+    ]

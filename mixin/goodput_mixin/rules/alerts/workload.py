@@ -1,0 +1,47 @@
+"""Alerts on a training workload: goodput drops, stragglers, collectives that hang or miss a rank.
+Group `goodput.alerts.workload`."""
+
+from __future__ import annotations
+
+from ..settings import RulesSettings
+from .alert import Alert
+
+
+def alerts(s: RulesSettings) -> list[Alert]:
+    short, base = s.windows[0], s.windows[-1]
+    node = s.node_label
+    pct = "{{ $value | humanizePercentage }}"
+    return [
+        Alert(
+            "GoodputDrop", "goodput-drop.md", "critical",
+            f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{base} > {s.goodput_drop_ratio}\n"
+            f"or\n1 - workload:goodput_ratio:rate{short} / (workload:goodput_ratio:rate{base} > 0)"
+            f" > {s.goodput_drop_ratio}",
+            s.goodput_drop_for,
+            "A training workload is making much less progress than it did.",
+            f"Workload {{{{ $labels.workload }}}} is {pct} below its own {base} baseline (tokens/s or goodput) "
+            f"for {s.goodput_drop_for}."),
+        Alert(
+            "GoodputStraggler", "straggler.md", "critical",
+            f"workload_rank:goodput_straggler_ratio:rate{short} > {s.straggler_ratio}",
+            s.straggler_for,
+            "One rank of a training workload is much slower than the others.",
+            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} spends {{ $value | printf \"%.2f\" }}x "
+            "the median rank's time per step outside collectives; every other rank waits for it."),
+        Alert(
+            "GoodputCollectiveHang", "collective-hang.md", "critical",
+            f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"
+            "and on (instance, workload, rank)\n"
+            f"  (time() - goodput_flight_recorder_dump_timestamp_seconds < {s.dump_stale_seconds:g})",
+            "0m",
+            "A collective has been waiting for minutes.",
+            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} has waited "
+            "{{ $value | humanizeDuration }} in a collective on process group {{ $labels.pg }} "
+            f"(node {{{{ $labels.{node} }}}})."),
+        Alert(
+            "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
+            "goodput_collective_missing_rank == 1", s.rank_missing_for,
+            "A rank never joined a collective the others wait in.",
+            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} has not enqueued collective "
+            "{{ $labels.seq }} ({{ $labels.op }}) on process group {{ $labels.pg }} that other ranks wait in."),
+    ]
