@@ -29,10 +29,10 @@ sys.path.insert(0, str(ROOT))
 from serving import free_port, wait_ready  # noqa: E402
 
 from exporter.config import load  # noqa: E402
-from exporter.gpu.simulated import SimulatedGpus  # noqa: E402
-from exporter.sources.kubelet import KubeletSource  # noqa: E402
-from exporter.sources.nvml import NvmlSource  # noqa: E402
-from exporter.sources.process import ProcessSource  # noqa: E402
+from exporter.sources.kubelet.source import KubeletSource  # noqa: E402
+from exporter.sources.nvml.simulated import SimulatedGpus  # noqa: E402
+from exporter.sources.nvml.source import NvmlSource  # noqa: E402
+from exporter.sources.process.source import ProcessSource  # noqa: E402
 
 
 def _load_kubelet_server() -> ModuleType:
@@ -90,7 +90,7 @@ def refresh_costs() -> tuple[tuple[float, float], tuple[float, float]]:
         with KubeletServer() as kubelet:
             kubelet.set_pods(_pods(uuids))
             config = load(None, {"kubelet": {"socket_path": kubelet.path}}, environ={}).kubelet
-            source = KubeletSource(config, nvml.processes)
+            source = KubeletSource(config, nvml.table)
             assert len(source.collect().series) == 2  # pod info and skipped devices
             kubelet_times = []
             for _ in range(REFRESHES):
@@ -98,7 +98,7 @@ def refresh_costs() -> tuple[tuple[float, float], tuple[float, float]]:
                 source.collect()
                 kubelet_times.append((time.perf_counter() - started) * 1000)
             source.close()
-        process = ProcessSource(nvml.processes)
+        process = ProcessSource(nvml.table)
         process_times = []
         for _ in range(REFRESHES):
             started = time.perf_counter()

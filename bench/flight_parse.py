@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from exporter.config import load
-from exporter.flight.accounting import Prior
-from exporter.flight.worker import ParseWorker
-from exporter.sources.flight import FlightSource
+from exporter.sources.flight.accounting import Prior
+from exporter.sources.flight.source import FlightSource
+from exporter.sources.flight.worker import ParseWorker
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work" / "flight"

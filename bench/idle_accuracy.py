@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from exporter import catalog as c
-from exporter.gpu.simulated import SimulatedGpus
-from exporter.sources.nvml import NvmlSource
+from exporter.sources.nvml import metrics as c
+from exporter.sources.nvml.simulated import SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 
 class _Clock:

@@ -7,11 +7,14 @@ alternating request by request so both see the same machine noise.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import http.client
+import json
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -20,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attribution
 import client_ingest
+import cpu_split
 import flight_parse
 import idle_accuracy
 import rules_scale
@@ -27,6 +31,7 @@ from serving import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.md"
+WORK = ROOT / "bench" / ".work"
 REQUESTS = 1500
 GAP = 0.01  # seconds between request pairs; snapshots change every second meanwhile
 CPU_WINDOW = 60.0
@@ -57,10 +62,13 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def start_exporter(gpus: int) -> tuple[subprocess.Popen[bytes], int]:
+def start_exporter(gpus: int, profile_to: Path | None = None) -> tuple[subprocess.Popen[bytes], int]:
+    """The daemon's own command line; with `profile_to`, under bench/cpu_split.py's sampler."""
     port = free_port()
+    launcher = ([str(ROOT / ".venv" / "bin" / "goodput-exporter")] if profile_to is None else
+                [str(ROOT / ".venv" / "bin" / "python"), str(ROOT / "bench" / "cpu_split.py"), str(profile_to)])
     proc = subprocess.Popen(
-        [str(ROOT / ".venv" / "bin" / "goodput-exporter"), "serve", "--simulate", str(gpus),
+        [*launcher, "serve", "--simulate", str(gpus),
          "--nvml.interval", "1s", "--host.interval", "1s", "--web.listen-address", f"127.0.0.1:{port}",
          "--log.level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -87,19 +95,49 @@ def latency_pair(ours: int, theirs: int) -> tuple[list[float], list[float]]:
     return timings[ours], timings[theirs]
 
 
-def cpu_per_minute(proc: subprocess.Popen[bytes], port: int) -> float:
-    """Daemon CPU over CPU_WINDOW with a scrape every 15 s, as under Prometheus."""
-    start = cpu_seconds(proc.pid)
+def scrape_every_15s(port: int) -> float:
+    """Scrapes every 15 s over CPU_WINDOW, as Prometheus does; returns the seconds it took."""
     began = time.monotonic()
     while time.monotonic() - began < CPU_WINDOW:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/metrics", headers=HEADERS)
         conn.getresponse().read()
         time.sleep(min(15.0, max(0.0, CPU_WINDOW - (time.monotonic() - began))))
-    return (cpu_seconds(proc.pid) - start) / (time.monotonic() - began) * 60
+    return time.monotonic() - began
 
 
-def main() -> None:
+def cpu_per_minute(proc: subprocess.Popen[bytes], port: int) -> float:
+    """Daemon CPU over CPU_WINDOW with a scrape every 15 s, as under Prometheus."""
+    start = cpu_seconds(proc.pid)
+    elapsed = scrape_every_15s(port)
+    return (cpu_seconds(proc.pid) - start) / elapsed * 60
+
+
+def profiled_split(gpus: int) -> dict:
+    """The daemon under bench/cpu_split.py's sampler, over the same load as `cpu_per_minute`: its CPU by
+    category (simulator, sources, core, http, other)."""
+    WORK.mkdir(parents=True, exist_ok=True)
+    out = WORK / f"cpu-split-{gpus}.json"
+    out.unlink(missing_ok=True)
+    proc, port = start_exporter(gpus, profile_to=out)
+    try:
+        time.sleep(3)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.1)
+        scrape_every_15s(port)
+        proc.send_signal(signal.SIGUSR2)
+        deadline = time.monotonic() + 10
+        while not out.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.2)  # written by the daemon's main thread: let it finish
+        return json.loads(out.read_text())
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def daemon_rows(gpu_counts: list[int]) -> tuple[list, list]:
+    """Latency side by side with node_exporter, CPU and RSS per GPU count; then the CPU split of a profiled run."""
     node_exporter = shutil.which("prometheus-node-exporter")
     if node_exporter is None:
         sys.exit("prometheus-node-exporter not installed: run `make deps`")
@@ -110,7 +148,7 @@ def main() -> None:
     try:
         wait_ready(node_port, "/metrics")
         node_series = count_series(node_port)
-        for gpus in (8, 64):
+        for gpus in gpu_counts:
             proc, port = start_exporter(gpus)
             try:
                 time.sleep(3)
@@ -119,33 +157,51 @@ def main() -> None:
                 cpu = cpu_per_minute(proc, port)
                 rows.append((gpus, ours_series, ours, node_series, theirs, cpu, peak_rss_mb(proc.pid)))
                 print(f"{gpus} GPUs: p99 ours {percentile(ours, 0.99):.2f} ms, node_exporter "
-                      f"{percentile(theirs, 0.99):.2f} ms; CPU {cpu:.3f} s/min", flush=True)
+                      f"{percentile(theirs, 0.99):.2f} ms; CPU {cpu:.3f} s/min; peak RSS "
+                      f"{peak_rss_mb(proc.pid):.1f} MB", flush=True)
             finally:
                 proc.terminate()
                 proc.wait(10)
     finally:
         node.terminate()
         node.wait(10)
+    splits = []
+    for gpus in gpu_counts:
+        split = profiled_split(gpus)
+        splits.append((gpus, split))
+        shares = split_shares(split)
+        print(f"{gpus} GPUs, CPU split: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()), flush=True)
+    return rows, splits
+
+
+def split_shares(split: dict) -> dict[str, float]:
+    categories = split["categories"]
+    total = sum(categories.values()) or 1.0
+    return {name: categories[name] / total for name in cpu_split.CATEGORIES}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--daemon-only", action="store_true",
+                        help="only the daemon's latency, CPU, memory and CPU split; print them, leave results.md")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[8, 64], help="simulated GPU counts (default 8 64)")
+    args = parser.parse_args()
+    rows, splits = daemon_rows(args.gpus)
+    if args.daemon_only:
+        print("\n".join(daemon_markdown(rows, splits)))
+        return
     accuracy = idle_accuracy.run()
     client_costs = client_ingest.hot_path_microseconds()
     throughput = client_ingest.ingest_events_per_second()
     flight = flight_parse.run()
     scale = rules_scale.run()
     attributed = attribution.run()
-    write(rows, accuracy, client_costs, throughput, flight, scale, attributed)
+    write(rows, splits, accuracy, client_costs, throughput, flight, scale, attributed)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
-def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
-          throughput: float, flight: list[flight_parse.Result], scale: rules_scale.Result,
-          attributed: attribution.Result) -> None:
+def daemon_markdown(rows: list, splits: list) -> list[str]:
     lines = [
-        "# Benchmark results",
-        "",
-        f"Written by `make bench` on {datetime.date.today()} on this machine: {os.cpu_count()} cores, "
-        f"Python {platform.python_version()}, {platform.machine()}. Simulated GPUs (the simulator's own "
-        "cost is included in the exporter's CPU figures), sources at 1 s intervals.",
-        "",
         "## Scrape latency, side by side with node_exporter",
         "",
         f"{REQUESTS} scrapes each, alternating between the two servers request by request, keep-alive, "
@@ -164,7 +220,7 @@ def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[
         "",
         "## Daemon CPU and memory",
         "",
-        f"CPU seconds per minute over {CPU_WINDOW:.0f} s with a scrape every 15 s (target < 0.3 s/min); "
+        f"CPU seconds per minute over {CPU_WINDOW:.0f} s with a scrape every 15 s (target < 0.3 s/min at 8 GPUs); "
         "peak RSS is VmHWM at the end of the run (target < 80 MB).",
         "",
         "| GPUs | CPU s/min | share of one core | peak RSS |",
@@ -172,6 +228,45 @@ def write(rows: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[
     ]
     for gpus, _s, _o, _n, _t, cpu, rss in rows:
         lines.append(f"| {gpus} | {cpu:.3f} | {cpu / 60:.2%} | {rss:.1f} MB |")
+    cpu_by_gpus = {row[0]: row[5] for row in rows}
+    lines += [
+        "",
+        "### CPU split: simulator vs exporter",
+        "",
+        "The simulated GPUs run inside the daemon, so the CPU above includes them. A second daemon per GPU count ran "
+        f"the same {CPU_WINDOW:.0f} s load under `bench/cpu_split.py`, which times the boundaries between the parts "
+        "on each thread's own CPU clock and charges every call to the innermost part (the timing's own cost, "
+        "calibrated, taken off): *simulator* (the simulated NVML/DCGM backends' methods), *sources* (each source's "
+        "`collect()` less the simulator calls in it), *core* (`exporter/core/`: rendering and publishing a batch, "
+        "the self-metrics, joining and compressing for a scrape), *HTTP* (the rest of the server's thread: uvicorn, "
+        "starlette, asyncio), *other* (the rest: runner loops, executor threads). The shares are the profiled run's; "
+        "*exporter alone* applies the non-simulator share to the unprofiled CPU figure above.",
+        "",
+        "| GPUs | profiled CPU s/min | simulator | sources | core | HTTP | other | exporter alone, s/min |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for gpus, split in splits:
+        shares = split_shares(split)
+        profiled = split["process_cpu_s"] / split["window_s"] * 60
+        alone = cpu_by_gpus.get(gpus, float("nan")) * (1 - shares["simulator"])
+        cells = " | ".join(f"{shares[name]:.1%}" for name in cpu_split.CATEGORIES)
+        lines.append(f"| {gpus} | {profiled:.3f} | {cells} | {alone:.3f} |")
+    return lines
+
+
+def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
+          throughput: float, flight: list[flight_parse.Result], scale: rules_scale.Result,
+          attributed: attribution.Result) -> None:
+    lines = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` on {datetime.date.today()} on this machine: {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {platform.machine()}. Simulated GPUs (the simulator's own "
+        "cost is included in the exporter's CPU figures, and shown apart under *CPU split*), sources at 1 s "
+        "intervals.",
+        "",
+    ]
+    lines += daemon_markdown(rows, splits)
     lines += [
         "",
         "## Idle fraction: integrated counter vs utilization-gauge average",
