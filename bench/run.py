@@ -193,10 +193,11 @@ def main() -> None:
     accuracy = idle_accuracy.run()
     client_costs = client_ingest.hot_path_microseconds()
     throughput = client_ingest.ingest_events_per_second()
+    imported = client_ingest.import_microseconds()
     flight = flight_parse.run()
     scale = rules_scale.run()
     attributed = attribution.run()
-    write(rows, splits, accuracy, client_costs, throughput, flight, scale, attributed)
+    write(rows, splits, accuracy, client_costs, throughput, imported, flight, scale, attributed)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
@@ -255,7 +256,7 @@ def daemon_markdown(rows: list, splits: list) -> list[str]:
 
 
 def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
-          throughput: float, flight: list[flight_parse.Result], scale: rules_scale.Result,
+          throughput: float, imported: int, flight: list[flight_parse.Result], scale: rules_scale.Result,
           attributed: attribution.Result) -> None:
     lines = [
         "# Benchmark results",
@@ -290,12 +291,15 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
         "Client hot path: the cost the training loop pays per recorded phase (best of 5 x 200,000, queueing",
         f"only; target < 5 µs). Ingest: one client posting batches of {client_ingest.BATCH} phase events over the",
         f"Unix socket, {client_ingest.REQUESTS} requests, JSON encoding included (target > 50,000 events/s).",
+        "Import: `python -X importtime -c 'import goodput_client'` in a fresh venv holding only the client, the",
+        f"cumulative figure, best of {client_ingest.IMPORT_RUNS} (target < 30 ms).",
         "",
         "| measure | result |",
         "|---|---|",
         f"| `with telemetry.phase(...)` | {client_costs[0]:.2f} µs |",
         f"| `telemetry.record_phase(...)` | {client_costs[1]:.2f} µs |",
         f"| ingest throughput | {throughput:,.0f} events/s |",
+        f"| `import goodput_client` | {imported / 1000:.1f} ms |",
         "",
         "## Flight-recorder dumps: safe parse vs pickle.load",
         "",
