@@ -87,24 +87,17 @@ def _escape_help(text: str, fmt: str) -> str:
 
 
 def format_value(value: float) -> str:
-    if type(value) is float:  # the common case first; NaN and infinities are not integers
-        if value.is_integer():
-            return str(int(value)) if -1e15 < value < 1e15 else repr(value)
-        if value != value:
-            return "NaN"
-        if math.isinf(value):
-            return "+Inf" if value > 0 else "-Inf"
-        return repr(value)
-    if isinstance(value, int):  # bool and other int subclasses too
-        return str(int(value))
-    if value != value:  # NaN
+    if type(value) is not float:  # floats, the common case, go straight to the checks below
+        if isinstance(value, int):  # bool and other int subclasses too
+            return str(int(value))
+        value = float(value)
+    if value.is_integer():  # NaN and infinities are not integers
+        return str(int(value)) if -1e15 < value < 1e15 else repr(value)
+    if value != value:
         return "NaN"
     if math.isinf(value):
         return "+Inf" if value > 0 else "-Inf"
-    if value.is_integer() and abs(value) < 1e15:
-        return str(int(value))
     return repr(value)
-
 
 PREFIX_CACHE_LIMIT = 200_000  # series prefixes a Renderer keeps; past it (label values churn) it starts over
 
