@@ -89,20 +89,7 @@ def test_installing_the_client_brings_nothing_else(client_env: Venv) -> None:
                                          "license": "Apache-2.0"}
 
 
-def import_microseconds(venv: Venv) -> int:
-    """The cumulative `-X importtime` figure of goodput_client, in a fresh interpreter."""
-    result = subprocess.run([str(venv.python), "-X", "importtime", "-c", "import goodput_client"],
-                            env=venv.environ(), capture_output=True, text=True, timeout=60, check=True,
-                            cwd=venv.root)
-    for line in result.stderr.splitlines():
-        fields = line.removeprefix("import time:").split("|")
-        if len(fields) == 3 and fields[2].strip() == "goodput_client":
-            return int(fields[1])
-    raise AssertionError(f"no goodput_client line in:\n{result.stderr}")
-
-
-def test_importing_the_client_leaves_the_transport_for_later(client_env: Venv,
-                                                             record_testsuite_property: Record) -> None:
+def test_importing_the_client_leaves_the_transport_for_later(client_env: Venv) -> None:
     result = subprocess.run([str(client_env.python), "-c", MODULES_REPORT], env=client_env.environ(),
                             capture_output=True, text=True, timeout=60, check=True, cwd=client_env.root)
     on_import, on_first_use = (set(line.split()) for line in result.stdout.splitlines())
@@ -110,8 +97,8 @@ def test_importing_the_client_leaves_the_transport_for_later(client_env: Venv,
     assert on_import.isdisjoint(LAZY_MODULES), sorted(on_import & set(LAZY_MODULES))
     # the same modules are there once a Telemetry has tried to send: lazy, not missing
     assert {"goodput_client.transport", "goodput_client.launcher", "http.client", "json", "socket"} <= on_first_use
-    # the time itself is a benchmark figure (bench/client_ingest.py), not a pass/fail on a noisy machine
-    record_testsuite_property("import_goodput_client_us", min(import_microseconds(client_env) for _ in range(5)))
+    # the import time itself is a benchmark figure (bench/client_ingest.py, in bench/results.md), not a
+    # pass/fail on a noisy machine
 
 
 def test_the_job_environment_holds_the_client_and_torch_only(job_env: Venv, tmp_path: Path,
