@@ -10,7 +10,7 @@ import pytest
 from conftest import live_server, quick_config, series, value, wait_for
 from dcgm_exporter_server import ExporterGpu, dcgm_exporter
 
-from exporter.sources.dcgm import scrape
+from exporter.sources.dcgm import fetch, scrape
 from exporter.sources.dcgm.api import FI_PROF_DRAM_ACTIVE, FI_PROF_SM_ACTIVE, FI_PROF_SM_OCCUPANCY
 from exporter.sources.nvml.simulated import SimulatedGpus
 
@@ -237,9 +237,9 @@ def test_parse_takes_at_most_max_gpus_per_scrape() -> None:
 def test_a_server_trickling_bytes_is_cut_off_at_the_overall_deadline() -> None:
     with dcgm_exporter() as exporter:
         exporter.trickle.set()  # a byte every 50 ms: no single read ever times out
-        fetcher = scrape.Fetcher(exporter.url)
+        fetcher = fetch.Fetcher(exporter.url)
         started = time.monotonic()
-        with pytest.raises(scrape.ScrapeError) as info:
+        with pytest.raises(fetch.ScrapeError) as info:
             fetcher.fetch(0.5)
         elapsed = time.monotonic() - started
         assert info.value.reason == "dcgm_exporter_timeout"
@@ -263,22 +263,22 @@ def test_trickling_exporter_is_a_timeout_of_the_source_and_the_daemon_keeps_serv
 def test_close_aborts_a_request_in_flight() -> None:
     with dcgm_exporter() as exporter:
         exporter.hang.set()
-        fetcher = scrape.Fetcher(exporter.url)
+        fetcher = fetch.Fetcher(exporter.url)
         outcome: list[BaseException] = []
 
-        def fetch() -> None:
+        def read() -> None:
             try:
                 fetcher.fetch(60.0)
             except BaseException as exc:
                 outcome.append(exc)
 
-        worker = threading.Thread(target=fetch)
+        worker = threading.Thread(target=read)
         worker.start()
         wait_for(lambda: exporter.requests >= 1)
         started = time.monotonic()
         fetcher.close()  # the daemon stopping while the collection hangs
         worker.join(30)
         assert not worker.is_alive() and time.monotonic() - started < 10.0
-        assert len(outcome) == 1 and isinstance(outcome[0], scrape.ScrapeError)
-        with pytest.raises(scrape.ScrapeError):
+        assert len(outcome) == 1 and isinstance(outcome[0], fetch.ScrapeError)
+        with pytest.raises(fetch.ScrapeError):
             fetcher.fetch(5.0)  # a closed fetcher does not connect again

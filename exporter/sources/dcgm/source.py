@@ -24,8 +24,8 @@ from collections.abc import Callable
 from ...core.exposition import Batch
 from ...core.gpus import NodeGpus
 from ..base import Source, SourceError
+from . import fetch, scrape
 from . import metrics as c
-from . import scrape
 from .api import (
     CONNECTION_NOT_VALID,
     FI_PROF_DRAM_ACTIVE,
@@ -165,13 +165,13 @@ class _ExporterReader:
     def __init__(self, config: DcgmConfig) -> None:
         self.url = config.exporter_url
         self.deadline = config.timeout * EXPORTER_DEADLINE_SHARE
-        self._fetcher = scrape.Fetcher(self.url)
+        self._fetcher = fetch.Fetcher(self.url)
         self._logged: set[str] = set()
 
     def read(self, batch: Batch) -> Readings:
         try:
             text = self._fetcher.fetch(self.deadline)
-        except scrape.ScrapeError as exc:
+        except fetch.ScrapeError as exc:
             raise SourceError(exc.reason, str(exc)) from None
         reading = scrape.parse(text)
         for reason, count in sorted(reading.rejected.items()):
