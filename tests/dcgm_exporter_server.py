@@ -3,6 +3,8 @@ field names and label style. Tests change what it serves, make it fail, or make 
 
 from __future__ import annotations
 
+import base64
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -58,20 +60,69 @@ def exposition(gpus: list[ExporterGpu], hostname: str = "node-7") -> str:
 
 
 class DcgmExporterServer:
-    def __init__(self) -> None:
+    """Options, as a dcgm-exporter run with a web config (`--web-config-file`, Prometheus' exporter-toolkit)
+    would behave: `basic_auth` (user, password) or `bearer_token` (as a kube-rbac-proxy in front of it)
+    answer 401 with a WWW-Authenticate challenge unless the request carries them; `certfile`/`keyfile`
+    serve HTTPS (tls_server_config); `client_ca_file` also requires a client certificate signed by that CA
+    (client_auth_type: RequireAndVerifyClientCert)."""
+
+    def __init__(
+        self,
+        *,
+        basic_auth: tuple[str, str] | None = None,
+        bearer_token: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
+        client_ca_file: str | None = None,
+    ) -> None:
         self.body = ""
         self.status = 200
         self.hang = threading.Event()  # set: requests block until released
         self.trickle = threading.Event()  # set: headers come one byte every 50 ms until released
+        self.stall_body = threading.Event()  # set: half the body is sent, the rest only once released
+        self.short_body = threading.Event()  # set: half the body is sent, then the connection is closed
+        self.body_stalled = threading.Event()  # set by the server once a stalled body's first half is out
+        self.content_length = True  # False: no Content-Length, the body ends when the connection closes
         self.release = threading.Event()
         self.requests = 0
+        self.authorization: list[str] = []  # the Authorization header of each request ("" when none)
+        self.handshake_failures = 0
+        expected = None
+        if basic_auth is not None:
+            user, password = basic_auth
+            expected = "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
+        elif bearer_token is not None:
+            expected = f"Bearer {bearer_token}"
+        challenge = 'Basic realm="dcgm-exporter"' if basic_auth is not None else "Bearer"
+        tls: ssl.SSLContext | None = None
+        if certfile is not None:
+            tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            tls.load_cert_chain(certfile, keyfile)
+            if client_ca_file is not None:
+                tls.verify_mode = ssl.CERT_REQUIRED
+                tls.load_verify_locations(client_ca_file)
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            def setup(self) -> None:
+                if tls is not None:  # the handshake in this request's thread, not the accepting one
+                    self.request.settimeout(10)
+                    try:
+                        self.request = tls.wrap_socket(self.request, server_side=True)
+                    except (OSError, ssl.SSLError):
+                        outer.handshake_failures += 1
+                        raise
+                    self.request.settimeout(None)
+                super().setup()
+
             def do_GET(self) -> None:
                 outer.requests += 1
+                outer.authorization.append(self.headers.get("Authorization", ""))
                 if outer.hang.is_set():
                     outer.release.wait(30)
+                if expected is not None and self.headers.get("Authorization") != expected:
+                    self._answer(401, b"Unauthorized\n", {"WWW-Authenticate": challenge})
+                    return
                 if outer.trickle.is_set():  # each read finds a byte: only an overall deadline ends it
                     self.wfile.write(b"HTTP/1.1 200 OK\r\n")
                     self.wfile.flush()
@@ -82,12 +133,26 @@ class DcgmExporterServer:
                     except OSError:  # the client gave up
                         pass
                     return
-                data = outer.body.encode()
+                self._answer(outer.status, outer.body.encode(),
+                             {"Content-Type": "text/plain; version=0.0.4; charset=utf-8"})
+
+            def _answer(self, status: int, data: bytes, headers: dict[str, str]) -> None:
                 try:
-                    self.send_response(outer.status)
-                    self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-                    self.send_header("Content-Length", str(len(data)))
+                    self.send_response(status)
+                    for name, value in headers.items():
+                        self.send_header(name, value)
+                    if outer.content_length:
+                        self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
+                    if outer.stall_body.is_set() or outer.short_body.is_set():
+                        half = len(data) // 2
+                        self.wfile.write(data[:half])
+                        self.wfile.flush()
+                        if outer.short_body.is_set():
+                            return  # the handler ends and the connection closes, short of the length
+                        outer.body_stalled.set()
+                        outer.release.wait(30)
+                        data = data[half:]
                     self.wfile.write(data)
                 except OSError:  # the client gave up waiting (a hang test)
                     pass
@@ -95,9 +160,15 @@ class DcgmExporterServer:
             def log_message(self, format: str, *args: object) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/metrics"
+        class Server(ThreadingHTTPServer):
+            daemon_threads = True
+
+            def handle_error(self, request: object, client_address: object) -> None:
+                pass  # a client refused in the TLS handshake, or gone: the test sees it from the client side
+
+        self.server = Server(("127.0.0.1", 0), Handler)
+        scheme = "https" if tls is not None else "http"
+        self.url = f"{scheme}://127.0.0.1:{self.server.server_address[1]}/metrics"
         self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def serve(self, gpus: list[ExporterGpu], extra: str = "") -> None:

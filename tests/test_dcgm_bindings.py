@@ -27,6 +27,8 @@ from exporter.core.source import SourceError
 from exporter.sources.dcgm import bindings as bindings_module
 from exporter.sources.dcgm.api import (
     CONNECTION_NOT_VALID,
+    FE_GPU,
+    FE_GPU_I,
     FI_PROF_DRAM_ACTIVE,
     FI_PROF_PIPE_TENSOR_ACTIVE,
     FI_PROF_SM_ACTIVE,
@@ -75,7 +77,11 @@ class Engine:
         self.field_groups = {}        # name -> field ids, as the engine holds them
         self.watches = []             # (field group name, update usec, keep seconds)
         self.gpus = {0: "GPU-00000000-1111-2222-3333-444444444444", 1: b"GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"}
-        self.samples = {}             # gpu -> field -> list of (ts usec, value, blank)
+        # (entity group, entity id) -> field -> list of (ts usec, value, blank); by default a fresh value
+        # of GPU 0, so that a collection has something usable
+        self.samples = {(1, 0): {1002: [(1_700_000_000_000_000, 0.5, False)]}}
+        self.hierarchy = []           # MIG GPU instances: (entity id, parent GPU id, NVML instance id)
+        self.groups = {}              # entity group name -> entities added, as the engine holds them
         self.fail = {}                # call name -> exception to raise
         self.gate = None              # a threading.Event GetLatest waits on, when set
         self.in_call = 0
@@ -92,6 +98,28 @@ ENGINE = Engine()
 
 def error(code):
     return dcgm_structs.dcgmExceptionClass(code)()
+
+class _Pair:
+    def __init__(self, group, entity):
+        self.entityGroupId, self.entityId = group, entity
+
+class _Info:
+    def __init__(self, instance):
+        self.nvmlInstanceId = instance
+
+class _HierarchyItem:
+    def __init__(self, entity, parent, instance):
+        self.entity, self.parent, self.info = _Pair(4, entity), _Pair(1, parent), _Info(instance)
+
+class _Hierarchy:
+    def __init__(self, items):
+        self.count = len(items)
+        # a fixed-size array in DCGM: entries past `count` are whatever was there
+        self.entityList = items + [_HierarchyItem(999, 7, 99)]
+
+def dcgmGetGpuInstanceHierarchy(handle):
+    ENGINE.check("hierarchy")
+    return _Hierarchy([_HierarchyItem(*item) for item in ENGINE.hierarchy])
 ''',
     "DcgmFieldGroup.py": '''
 import threading
@@ -149,8 +177,8 @@ class _Discovery:
         return _Attributes(dcgm_agent.ENGINE.gpus[gpu_id])
 
 class _Samples:
-    def __init__(self, handle):
-        self._handle = handle
+    def __init__(self, handle, group=None):
+        self._handle, self._group = handle, group
 
     def WatchFields(self, fieldGroup, updateFreq, maxKeepAge, maxKeepSamples):
         engine = dcgm_agent.ENGINE
@@ -159,7 +187,7 @@ class _Samples:
             raise dcgm_agent.error(dcgm_structs.DCGM_ST_GENERIC_ERROR)
         engine.watches.append((fieldGroup.fieldGroupId, updateFreq, maxKeepAge))
 
-    def GetLatest(self, fieldGroup):
+    def GetLatest_v2(self, fieldGroup):
         engine = dcgm_agent.ENGINE
         with engine.lock:
             engine.in_call += 1
@@ -170,13 +198,30 @@ class _Samples:
                 raise dcgm_agent.error(dcgm_structs.DCGM_ST_CONNECTION_NOT_VALID)
             engine.check("latest")
             out = {}
-            for gpu, fields in engine.samples.items():
-                out[gpu] = {f: [_Value(*s) for s in series] for f, series in fields.items()
-                            if f in fieldGroup.fieldIds}
+            for entity in engine.groups[self._group]:
+                fields = engine.samples.get(entity, {})
+                out.setdefault(entity[0], {})[entity[1]] = {
+                    f: [_Value(*s) for s in series] for f, series in fields.items() if f in fieldGroup.fieldIds}
             return _Collection(out)
         finally:
             with engine.lock:
                 engine.in_call -= 1
+
+class _EntityGroup:
+    def __init__(self, handle, name):
+        engine = dcgm_agent.ENGINE
+        engine.check("group")
+        engine.groups[name] = []
+        self._name = name
+        self.samples = _Samples(handle, name)
+
+    def AddEntity(self, entityGroupId, entityId):
+        dcgm_agent.ENGINE.groups[self._name].append((entityGroupId, entityId))
+
+    def Delete(self):
+        engine = dcgm_agent.ENGINE
+        engine.check("group_delete")
+        engine.groups.pop(self._name, None)
 
 class _Group:
     def __init__(self, handle):
@@ -193,6 +238,9 @@ class DcgmSystem:
 
     def GetDefaultGroup(self):
         return _Group(self._handle)
+
+    def GetEmptyGroup(self, groupName):
+        return _EntityGroup(self._handle, groupName)
 
     def UpdateAllFields(self, waitForUpdate):
         dcgm_agent.ENGINE.check("update")
@@ -222,6 +270,7 @@ class DcgmHandle:
 }
 FAKE_NAMES = ("dcgm_structs", "dcgm_fields", "dcgm_agent", "DcgmFieldGroup", "pydcgm")
 NOW = 1_700_000_000.0  # the wall clock the adapter judges sample ages by
+GPUS = [(FE_GPU, 0), (FE_GPU, 1)]
 
 
 @pytest.fixture
@@ -270,18 +319,18 @@ def test_connect_gpus_watch_latest_through_the_bindings(fake_dcgm: Path) -> None
         bindings_module.DcgmGpu(0, "GPU-00000000-1111-2222-3333-444444444444"),
         bindings_module.DcgmGpu(1, "GPU-aaaaaaaa-bbbb-cccc-dddd-eeeeeeeeeeee"),  # bytes from DCGM, decoded
     ]
-    dcgm.watch(PROFILING_FIELDS, 0.5)
+    dcgm.watch(PROFILING_FIELDS, 0.5, GPUS)
     ((name, update_usec, keep),) = engine().watches
     assert update_usec == 500_000 and keep >= 5.0
     assert engine().field_groups[name] == list(PROFILING_FIELDS)
     engine().samples = {
-        0: {FI_PROF_SM_ACTIVE: [(usec(NOW - 1.0), 0.25, False), (usec(NOW - 0.5), 0.75, False)],
+        (FE_GPU, 0): {FI_PROF_SM_ACTIVE: [(usec(NOW - 1.0), 0.25, False), (usec(NOW - 0.5), 0.75, False)],
             FI_PROF_DRAM_ACTIVE: [(usec(NOW - 0.5), 0.5, False)]},
-        1: {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), None, True)],  # a blank: no value for this GPU
+        (FE_GPU, 1): {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), None, True)],  # a blank: no value for this GPU
             FI_PROF_PIPE_TENSOR_ACTIVE: []},
     }
     latest = dcgm.latest()
-    assert latest.values == {0: {FI_PROF_SM_ACTIVE: 0.75, FI_PROF_DRAM_ACTIVE: 0.5}, 1: {}}
+    assert latest.values == {(FE_GPU, 0): {FI_PROF_SM_ACTIVE: 0.75, FI_PROF_DRAM_ACTIVE: 0.5}, (FE_GPU, 1): {}}
     assert latest.stale == 0
 
 
@@ -312,7 +361,7 @@ def test_dcgm_errors_are_translated_including_the_first_connect(fake_dcgm: Path)
     dcgm.connect()
     engine().fail["watch"] = dcgm_error(PROFILING_NOT_SUPPORTED)
     with pytest.raises(DcgmError) as info:
-        dcgm.watch(PROFILING_FIELDS, 1.0)
+        dcgm.watch(PROFILING_FIELDS, 1.0, GPUS)
     assert info.value.reason == "dcgm_profiling_not_supported"
     engine().fail["latest"] = ValueError("not DCGM's")  # anything else is not dressed up as DCGM's
     with pytest.raises(ValueError):
@@ -322,12 +371,12 @@ def test_dcgm_errors_are_translated_including_the_first_connect(fake_dcgm: Path)
 def test_samples_older_than_three_intervals_are_dropped_and_counted(fake_dcgm: Path) -> None:
     dcgm = make(fake_dcgm)
     dcgm.connect()
-    dcgm.watch(PROFILING_FIELDS, 1.0)
-    engine().samples = {0: {FI_PROF_SM_ACTIVE: [(usec(NOW - 2.5), 0.5, False)],
+    dcgm.watch(PROFILING_FIELDS, 1.0, GPUS)
+    engine().samples = {(FE_GPU, 0): {FI_PROF_SM_ACTIVE: [(usec(NOW - 2.5), 0.5, False)],
                             FI_PROF_DRAM_ACTIVE: [(usec(NOW - 3.5), 0.9, False)],
                             FI_PROF_PIPE_TENSOR_ACTIVE: [(usec(NOW - 600), 0.1, False)]}}
     latest = dcgm.latest()
-    assert latest.values == {0: {FI_PROF_SM_ACTIVE: 0.5}}
+    assert latest.values == {(FE_GPU, 0): {FI_PROF_SM_ACTIVE: 0.5}, (FE_GPU, 1): {}}
     assert latest.stale == 2
     # through the source: counted per collection, and the fresh value still exported
     inventory = NodeGpus()
@@ -336,28 +385,29 @@ def test_samples_older_than_three_intervals_are_dropped_and_counted(fake_dcgm: P
     batch = source.collect()
     assert batch.errors.count("dcgm_stale_sample") == 2
     assert [rows for metric, rows in batch.series.items() if metric.name == "goodput_gpu_sm_active_ratio"] == [
-        [(("0", engine().gpus[0]), 0.5)]]
+        [(("0", engine().gpus[0], ""), 0.5)]]
 
 
 def test_reconnecting_closes_the_old_handle_and_frees_the_field_group(fake_dcgm: Path) -> None:
     dcgm = make(fake_dcgm)
     for _ in range(3):  # each round: a new connection, a new field group; DCGM wants unique names
         dcgm.connect()
-        dcgm.watch(PROFILING_FIELDS, 1.0)
+        dcgm.watch(PROFILING_FIELDS, 1.0, GPUS)
         assert len(engine().open_handles) == 1
         assert len(engine().field_groups) == 1
     field_group_class = sys.modules["DcgmFieldGroup"].DcgmFieldGroup  # type: ignore[attr-defined]
     assert len(field_group_class.groups) == 1
     assert len({name for name, _, _ in engine().watches}) == 3
+    assert len(engine().groups) == 1  # the entity group of the last round only
     dcgm.disconnect()
     assert engine().open_handles == set()
-    assert engine().field_groups == {} and field_group_class.groups == {}
+    assert engine().field_groups == {} and field_group_class.groups == {} and engine().groups == {}
 
 
 def test_field_group_that_cannot_be_deleted_does_not_stop_the_shutdown(fake_dcgm: Path) -> None:
     dcgm = make(fake_dcgm)
     dcgm.connect()
-    dcgm.watch(PROFILING_FIELDS, 1.0)
+    dcgm.watch(PROFILING_FIELDS, 1.0, GPUS)
     engine().fail["field_group_delete"] = dcgm_error(CONNECTION_NOT_VALID)
     dcgm.disconnect()
     assert engine().open_handles == set()
@@ -396,7 +446,7 @@ def test_close_while_a_dcgm_call_runs_waits_for_it(fake_dcgm: Path, monkeypatch:
     monkeypatch.setattr(bindings_module, "DISCONNECT_WAIT", 0.05)
     dcgm = make(fake_dcgm)
     dcgm.connect()
-    dcgm.watch(PROFILING_FIELDS, 1.0)
+    dcgm.watch(PROFILING_FIELDS, 1.0, GPUS)
     engine().gate = gate = threading.Event()
     reader = threading.Thread(target=dcgm.latest)
     reader.start()
@@ -429,3 +479,39 @@ def test_source_reports_a_fresh_error_each_time_profiling_is_unavailable(fake_dc
     assert [e.reason for e in errors] == ["dcgm_profiling_not_supported"] * 3
     assert len({id(e) for e in errors}) == 3  # never one instance re-raised (its traceback would grow)
     assert engine().open_handles == set()
+
+
+def test_a_gpu_in_mig_mode_is_watched_per_gpu_instance_like_dcgm_exporters_default(fake_dcgm: Path) -> None:
+    import importlib
+
+    sys.path.insert(0, str(fake_dcgm))
+    importlib.import_module("dcgm_agent")
+    # GPU 1 is in MIG mode with two GPU instances (DCGM entities 8 and 9; NVML instance ids 1 and 2)
+    engine().hierarchy = [(8, 1, 1), (9, 1, 2)]
+    engine().samples = {
+        (FE_GPU, 0): {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), 0.5, False)]},
+        (FE_GPU, 1): {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), 0.9, False)]},  # not watched: in MIG mode
+        (FE_GPU_I, 8): {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), 0.25, False)]},
+        (FE_GPU_I, 9): {FI_PROF_SM_ACTIVE: [(usec(NOW - 0.5), 0.75, False)],
+                        FI_PROF_DRAM_ACTIVE: [(usec(NOW - 0.5), 9.5e18, False)]},  # an unmarked blank
+    }
+    inventory = NodeGpus()
+    inventory.record(engine().gpus[0], "0")
+    inventory.record(engine().gpus[1].decode(), "1")
+    source = DcgmSource(dcgm_config(bindings_path=str(fake_dcgm)), make(fake_dcgm), inventory)
+    batch = source.collect()
+    (watched,) = engine().groups.values()
+    assert sorted(watched) == [(FE_GPU, 0), (FE_GPU_I, 8), (FE_GPU_I, 9)]
+    rows = {labels: v for metric, series in batch.series.items() if metric.name == "goodput_gpu_sm_active_ratio"
+            for labels, v in series}
+    uuid1 = engine().gpus[1].decode()
+    assert rows == {("0", engine().gpus[0], ""): 0.5, ("1", uuid1, "1"): 0.25, ("1", uuid1, "2"): 0.75}
+    assert not [rows for metric, rows in batch.series.items() if metric.name == "goodput_gpu_dram_active_ratio"]
+    assert batch.errors.count("dcgm_blank_value") == 1
+
+
+def test_without_a_mig_hierarchy_older_dcgm_watches_whole_gpus(fake_dcgm: Path) -> None:
+    dcgm = make(fake_dcgm)
+    dcgm.connect()
+    engine().fail["hierarchy"] = dcgm_error(-6)  # DCGM before 2.0: no such call
+    assert dcgm.gpu_instances() == []

@@ -174,18 +174,71 @@ def test_unreachable_error_status_and_no_profiling_fields_are_clear() -> None:
             assert value(live.metrics(), "goodput_exporter_source_up", source="dcgm") == 0
 
 
-def test_mig_instance_series_are_not_taken_as_whole_gpus() -> None:
-    sim = SimulatedGpus(1)
-    whole = gpus_of(sim, [PROF])
-    mig = ExporterGpu("0", sim.uuid(0), {"DCGM_FI_PROF_SM_ACTIVE": 0.1},
-                      {"GPU_I_PROFILE": "1g.10gb", "GPU_I_ID": "7"})
+def test_mig_instance_series_come_out_per_gpu_instance_beside_the_whole_gpu() -> None:
+    sim = SimulatedGpus(2)
+    whole = gpus_of(sim, [PROF, PROF])[1:]  # GPU 1 (dcgm-exporter's 0) whole
+    # GPU 0 (dcgm-exporter's 1) in MIG mode: only its GPU instances, as dcgm-exporter's default reports them
+    mig = [ExporterGpu("1", sim.uuid(0), {"DCGM_FI_PROF_GR_ENGINE_ACTIVE": share, "DCGM_FI_PROF_SM_ACTIVE": share / 2},
+                       {"GPU_I_PROFILE": "3g.40gb", "GPU_I_ID": gi})
+           for gi, share in (("1", 0.5), ("2", 0.25))]
     with dcgm_exporter() as exporter:
-        exporter.serve([*whole, mig])
+        exporter.serve([*whole, *mig])
         with live_server(config(exporter.url), backend=sim) as live:
-            live.metrics_when("goodput_gpu_sm_active_ratio", 0.8, gpu="0")
+            live.metrics_when("goodput_gpu_gr_engine_active_ratio", 0.25, gpu="0", gpu_instance_id="2")
             text = live.metrics()
+            assert {(s["gpu"], s["gpu_instance_id"]): value(text, "goodput_gpu_sm_active_ratio", **s)
+                    for s in series(text, "goodput_gpu_sm_active_ratio")} == {
+                ("0", "1"): 0.25, ("0", "2"): 0.125, ("1", ""): 0.8}
+            assert value(text, "goodput_exporter_source_up", source="dcgm") == 1
             assert errors(text, "dcgm_exporter_duplicate") == 0
-            assert len(series(text, "goodput_gpu_sm_active_ratio")) == 1
+
+
+def test_only_gr_engine_is_enough_and_old_namespace_labels_are_understood() -> None:
+    sim = SimulatedGpus(1)
+    # dcgm-exporter --use-old-namespace: the UUID label is `uuid`; its 1.x counters file, lower-case names
+    body = (f'DCGM_FI_PROF_GR_ENGINE_ACTIVE{{gpu="0", uuid="{sim.uuid(0)}", hostname="n1"}} 0.625\n'
+            f'dcgm_fi_prof_dram_active{{gpu="0",uuid="{sim.uuid(0)}"}} 0.5\n')
+    with dcgm_exporter() as exporter:
+        exporter.body = body
+        with live_server(config(exporter.url), backend=sim) as live:
+            text = live.metrics_when("goodput_exporter_source_up", 1, source="dcgm")
+            wait_for(lambda: value(live.metrics(), "goodput_gpu_dram_active_ratio", gpu="0") == 0.5)
+            assert value(live.metrics(), "goodput_gpu_gr_engine_active_ratio", gpu="0") == 0.625
+            assert errors(text, "dcgm_exporter_no_uuid") == 0
+
+
+@pytest.mark.parametrize(("body", "reason", "words"), [
+    ('DCGM_FI_PROF_SM_ACTIVE{{gpu="0",device_uuid="{uuid}"}} 0.5\n', "dcgm_exporter_unknown_labels",
+     ["UUID", "device_uuid"]),
+    ('DCGM_FI_PROF_PCIE_TX_BYTES{{gpu="0",UUID="{uuid}"}} 9223372036854775794\n', "dcgm_exporter_blank",
+     ["blank"]),
+    ('DCGM_FI_DEV_GPU_UTIL{{gpu="0",UUID="{uuid}"}} 50\n', "dcgm_exporter_no_fields", ["-f", "counters"]),
+])
+def test_nothing_usable_is_the_source_down_with_its_own_reason(body: str, reason: str, words: list[str],
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    sim = SimulatedGpus(1)
+    with dcgm_exporter() as exporter:
+        exporter.body = body.format(uuid=sim.uuid(0))
+        with live_server(config(exporter.url), backend=sim) as live:
+            wait_for(lambda: errors(live.metrics(), reason) >= 1)
+            text = live.metrics()
+            assert value(text, "goodput_exporter_source_up", source="dcgm") == 0
+            assert series(text, "goodput_gpu_pcie_transmit_bytes_per_second") == []
+    message = next(r.getMessage() for r in caplog.records if reason in r.getMessage())
+    for word in words:
+        assert word in message
+
+
+def test_dcgm_blank_markers_are_counted_never_numbers() -> None:
+    uuid = "GPU-00000000-1111-2222-3333-444444444444"
+    # DCGM_INT64_BLANK (0x7ffffffffffffff0) and its NOT_SUPPORTED neighbour, DCGM_FP64_BLANK (2**47)
+    lines = [f'DCGM_FI_PROF_PCIE_RX_BYTES{{gpu="0",UUID="{uuid}"}} 9223372036854775794',
+             f'DCGM_FI_PROF_NVLINK_TX_BYTES{{gpu="0",UUID="{uuid}"}} 9223372036854775792',
+             f'DCGM_FI_PROF_SM_ACTIVE{{gpu="0",UUID="{uuid}"}} 140737488355328.000000',
+             f'DCGM_FI_PROF_PCIE_TX_BYTES{{gpu="0",UUID="{uuid}"}} 61234567']
+    reading = scrape.parse("\n".join(lines))
+    assert reading.values == {(uuid, ""): {1009: 61234567.0}}
+    assert reading.rejected == {"dcgm_exporter_blank": 3}
 
 
 def test_kubernetes_per_pod_series_of_one_gpu_are_one_reading_not_duplicates() -> None:
@@ -219,8 +272,9 @@ def test_parse_validates_what_it_takes_from_the_other_program() -> None:
         'DCGM_FI_PROF_SM_ACTIVE{gpu="3",UUID="GPU-' + "a" * 500 + '"} 0.5',
     ]) + "\n"
     reading = scrape.parse(text)
-    assert reading.values == {uuid: {FI_PROF_SM_ACTIVE: 0.5, FI_PROF_DRAM_ACTIVE: 1.0, FI_PROF_SM_OCCUPANCY: 0.25},
-                              other: {FI_PROF_SM_ACTIVE: 0.125}}
+    assert reading.values == {(uuid, ""): {FI_PROF_SM_ACTIVE: 0.5, FI_PROF_DRAM_ACTIVE: 1.0,
+                                           FI_PROF_SM_OCCUPANCY: 0.25},
+                              (other, ""): {FI_PROF_SM_ACTIVE: 0.125}}
     assert reading.gpu_ids == {uuid: "0", other: "1"}
     assert reading.rejected == {"dcgm_exporter_bad_value": 1, "dcgm_exporter_duplicate": 1,
                                 "dcgm_exporter_bad_uuid": 2, "dcgm_exporter_bad_gpu": 1}

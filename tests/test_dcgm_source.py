@@ -23,7 +23,10 @@ RATIOS = {
     "goodput_gpu_sm_active_ratio": "sm_active", "goodput_gpu_sm_occupancy_ratio": "sm_occupancy",
     "goodput_gpu_tensor_active_ratio": "tensor_active", "goodput_gpu_dram_active_ratio": "dram_active",
     "goodput_gpu_fp16_active_ratio": "fp16_active", "goodput_gpu_fp32_active_ratio": "fp32_active",
-    "goodput_gpu_fp64_active_ratio": "fp64_active",
+    "goodput_gpu_fp64_active_ratio": "fp64_active", "goodput_gpu_gr_engine_active_ratio": "gr_engine_active",
+    "goodput_gpu_tensor_hmma_active_ratio": "tensor_hmma_active",
+    "goodput_gpu_tensor_imma_active_ratio": "tensor_imma_active",
+    "goodput_gpu_tensor_dfma_active_ratio": "tensor_dfma_active", "goodput_gpu_int_active_ratio": "int_active",
 }
 RATES = {
     "goodput_gpu_pcie_transmit_bytes_per_second": "pcie_tx", "goodput_gpu_pcie_receive_bytes_per_second": "pcie_rx",
@@ -34,6 +37,13 @@ RATES = {
 
 def dcgm_config(**keys: object):  # type: ignore[no-untyped-def]
     return load(None, {"dcgm": {"enabled": True, "interval": "1s", **keys}}, environ={}).dcgm
+
+
+def start(source: DcgmSource) -> None:
+    """The first collection: DCGM starts watching and has no full period yet, so nothing usable."""
+    with pytest.raises(SourceError) as info:
+        source.collect()
+    assert info.value.reason == "dcgm_no_values"
 
 
 class Rig:
@@ -51,7 +61,12 @@ class Rig:
     def scrape(self, seconds: float = 1.0) -> str:
         self.clock.advance(seconds)
         batch = self.nvml.collect()
-        dcgm = self.source.collect()
+        self.down: str | None = None
+        try:
+            dcgm = self.source.collect()
+        except SourceError as exc:  # the source is down (the runner would count the reason)
+            self.down, self.last_errors = exc.reason, []
+            return self.renderer.render(batch, TEXT).decode()
         for metric, rows in dcgm.series.items():
             for labels, v in rows:
                 batch.add(metric, labels, v)
@@ -62,7 +77,8 @@ class Rig:
 
 def test_every_field_matches_the_simulators_truth_over_dcgms_last_period() -> None:
     rig = Rig(2)
-    rig.scrape()  # watch starts; DCGM has no full period yet
+    rig.scrape()  # watch starts; DCGM has no full period yet: nothing usable, the source is down
+    assert rig.down == "dcgm_no_values"
     for _ in range(30):
         text = rig.scrape(1.7)
         t0, t1 = rig.dcgm.latest_period()
@@ -124,7 +140,7 @@ def test_gpus_are_labelled_with_nvmls_index_by_uuid_and_foreign_ones_counted() -
     inventory.record(rig.sim.uuid(0), "2")
     inventory.record(rig.sim.uuid(1), "0")
     source = DcgmSource(dcgm_config(), rig.dcgm, inventory, clock=rig.clock)
-    source.collect()
+    start(source)
     rig.clock.advance(2)
     batch = source.collect()
     text = Renderer().render(batch, TEXT).decode()
@@ -137,7 +153,7 @@ def test_without_nvml_dcgms_own_ids_label_the_gpus() -> None:
     clock = ManualClock()
     sim = SimulatedGpus(2, clock=clock)
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), clock=clock)
-    source.collect()
+    start(source)
     clock.advance(2)
     text = Renderer().render(source.collect(), TEXT).decode()
     assert {(s["gpu"], s["uuid"]) for s in series(text, "goodput_gpu_dram_active_ratio")} == {
@@ -191,7 +207,7 @@ def test_profiling_not_supported_is_clear_and_not_asked_every_interval(code: int
     assert rig.dcgm.connects == connects  # not asked again yet
     rig.dcgm.set_profiling_unsupported(None)  # e.g. the other profiler went away
     rig.clock.advance(2)
-    rig.source.collect()
+    start(rig.source)
     assert rig.dcgm.connects == connects + 1
     assert value(rig.scrape(), "goodput_gpu_tensor_active_ratio", gpu="0") is not None
 
@@ -252,6 +268,7 @@ def test_until_nvml_has_identified_the_gpus_the_source_waits_rather_than_guess_l
     sim = SimulatedGpus(2, clock=clock)
     inventory = NodeGpus()  # the nvml source runs but has not identified any GPU yet
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), inventory, clock=clock)
+    start(source)  # DCGM starts watching
     clock.advance(2)
     with pytest.raises(SourceError) as info:
         source.collect()
@@ -274,7 +291,7 @@ def test_a_uuid_nvml_no_longer_lists_at_its_index_is_forgotten() -> None:
     inventory.record("GPU-99999999-0000-0000-0000-000000000000", "0")  # index 0 now holds another GPU
     assert inventory.index_by_uuid() == {sim.uuid(1): "1", "GPU-99999999-0000-0000-0000-000000000000": "0"}
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), inventory, clock=clock)
-    source.collect()
+    start(source)
     clock.advance(2)
     batch = source.collect()
     text = Renderer().render(batch, TEXT).decode()

@@ -123,6 +123,8 @@ class SourceRunner:
         except Exception:
             log.exception("source %s: withdrawing its series failed", self.name)
         if self.up or reason != self._last_reason:  # log transitions, not every failed tick
-            log.warning("source %s is down (%s): %s", self.name, reason, message, exc_info=exc_info)
+            # once stop() is called, a collection cut off by the source's close() is expected, not news
+            level = logging.INFO if self._stop.is_set() else logging.WARNING
+            log.log(level, "source %s is down (%s): %s", self.name, reason, message, exc_info=exc_info)
         self.up = False
         self._last_reason = reason

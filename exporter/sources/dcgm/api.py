@@ -71,9 +71,16 @@ FI_PROF_PCIE_TX_BYTES = 1009
 FI_PROF_PCIE_RX_BYTES = 1010
 FI_PROF_NVLINK_TX_BYTES = 1011
 FI_PROF_NVLINK_RX_BYTES = 1012
+FI_PROF_PIPE_TENSOR_IMMA_ACTIVE = 1013
+FI_PROF_PIPE_TENSOR_HMMA_ACTIVE = 1014
+FI_PROF_PIPE_TENSOR_DFMA_ACTIVE = 1015
+FI_PROF_PIPE_INT_ACTIVE = 1016
 
-# Field id -> the name DCGM (and dcgm-exporter) gives it.
+# Field id -> the name DCGM (and dcgm-exporter) gives it. The first twelve are DCGM's original profiling
+# set, there on every data-center GPU since Volta; the tensor sub-pipes and the integer pipe came later
+# and are not on every GPU (DFMA: Ampere and newer), so DCGM is asked for them separately.
 FIELD_NAMES = {
+    FI_PROF_GR_ENGINE_ACTIVE: "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
     FI_PROF_SM_ACTIVE: "DCGM_FI_PROF_SM_ACTIVE",
     FI_PROF_SM_OCCUPANCY: "DCGM_FI_PROF_SM_OCCUPANCY",
     FI_PROF_PIPE_TENSOR_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
@@ -85,9 +92,28 @@ FIELD_NAMES = {
     FI_PROF_PCIE_RX_BYTES: "DCGM_FI_PROF_PCIE_RX_BYTES",
     FI_PROF_NVLINK_TX_BYTES: "DCGM_FI_PROF_NVLINK_TX_BYTES",
     FI_PROF_NVLINK_RX_BYTES: "DCGM_FI_PROF_NVLINK_RX_BYTES",
+    FI_PROF_PIPE_TENSOR_IMMA_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_IMMA_ACTIVE",
+    FI_PROF_PIPE_TENSOR_HMMA_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE",
+    FI_PROF_PIPE_TENSOR_DFMA_ACTIVE: "DCGM_FI_PROF_PIPE_TENSOR_DFMA_ACTIVE",
+    FI_PROF_PIPE_INT_ACTIVE: "DCGM_FI_PROF_PIPE_INT_ACTIVE",
 }
 PROFILING_FIELDS = tuple(FIELD_NAMES)
-RATIO_FIELDS = frozenset(PROFILING_FIELDS[:7])  # 0-1 ratios; the other four are bytes per second
+BASE_FIELDS = PROFILING_FIELDS[:12]  # what DCGM is asked for when it refuses the whole set
+RATE_FIELDS = frozenset({FI_PROF_PCIE_TX_BYTES, FI_PROF_PCIE_RX_BYTES, FI_PROF_NVLINK_TX_BYTES,
+                         FI_PROF_NVLINK_RX_BYTES})  # bytes per second
+RATIO_FIELDS = frozenset(PROFILING_FIELDS) - RATE_FIELDS  # 0-1
+
+# DCGM's entity groups (dcgm_fields.h DCGM_FE_*): a whole GPU, or a MIG GPU instance.
+FE_GPU = 1
+FE_GPU_I = 4
+# DCGM's blank values (dcgm_structs.h): "no value" markers, DCGM_FP64_IS_BLANK(v) being v >= 2**47 and
+# DCGM_INT64_IS_BLANK(v) v >= 0x7ffffffffffffff0. The profiling fields are doubles (the ratios) or int64
+# (the byte rates), so one test covers both: no ratio exceeds 1 and no link moves 140 TB/s.
+FP64_BLANK = 140737488355328.0
+
+
+def is_blank(value: float) -> bool:
+    return value >= FP64_BLANK
 
 
 # A sample older than this many watch intervals means DCGM's sampler stopped updating the field: it
@@ -108,17 +134,29 @@ class DcgmError(Exception):
         return self._reason or "dcgm_" + ERROR_NAMES.get(self.code, "error")
 
 
+Entity = tuple[int, int]  # (DCGM entity group: FE_GPU or FE_GPU_I, DCGM entity id)
+
+
 @dataclass(frozen=True)
 class DcgmGpu:
     gpu_id: int  # DCGM's GPU id (usually, not always, the NVML index)
     uuid: str
 
 
+@dataclass(frozen=True)
+class DcgmInstance:
+    """A MIG GPU instance as DCGM knows it."""
+
+    entity_id: int  # DCGM's entity id of the instance (entity group FE_GPU_I)
+    gpu_id: int  # DCGM's id of its GPU
+    instance_id: int  # NVML's GPU instance id: goodput_gpu_mig_info's gpu_instance_id
+
+
 @dataclass
 class Latest:
     """What `DcgmBackend.latest` returns."""
 
-    values: dict[int, dict[int, float]] = field(default_factory=dict)  # DCGM GPU id -> field id -> value
+    values: dict[Entity, dict[int, float]] = field(default_factory=dict)  # entity -> field id -> value
     stale: int = 0  # samples left out for being older than STALE_AFTER_INTERVALS watch intervals
 
 
@@ -133,13 +171,17 @@ class DcgmBackend(Protocol):
 
     def gpus(self) -> list[DcgmGpu]: ...
 
-    def watch(self, field_ids: Sequence[int], interval: float) -> None:
-        """Have DCGM sample these fields of every GPU every `interval` seconds in the background."""
+    def gpu_instances(self) -> list[DcgmInstance]:
+        """The MIG GPU instances of every GPU in MIG mode; empty where none is."""
+        ...
+
+    def watch(self, field_ids: Sequence[int], interval: float, entities: Sequence[Entity]) -> None:
+        """Have DCGM sample these fields of these entities every `interval` seconds in the background."""
         ...
 
     def latest(self) -> Latest:
-        """The latest sampled value of each watched field: {DCGM GPU id: {field id: value}}; a field
-        with no value yet (or none for this GPU), or only a stale one (counted), is absent."""
+        """The latest sampled value of each watched field: {entity: {field id: value}}; a field with no
+        value yet (or none for this entity), or only a stale one (counted), is absent."""
         ...
 
     def disconnect(self) -> None: ...

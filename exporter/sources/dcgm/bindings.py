@@ -21,16 +21,26 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from .api import GENERIC_ERROR, LIBRARY_NOT_FOUND, STALE_AFTER_INTERVALS, DcgmError, DcgmGpu, Latest
+from .api import (
+    FE_GPU_I,
+    GENERIC_ERROR,
+    LIBRARY_NOT_FOUND,
+    STALE_AFTER_INTERVALS,
+    DcgmError,
+    DcgmGpu,
+    DcgmInstance,
+    Entity,
+    Latest,
+)
 from .settings import DCGM_BINDINGS_PATHS
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
-MODULES = ("dcgm_structs", "dcgm_fields", "pydcgm")
+MODULES = ("dcgm_structs", "dcgm_fields", "dcgm_agent", "pydcgm")
 KEEP_SAMPLES_FOR = 60.0  # seconds of samples DCGM keeps per field (at least 10 intervals)
 DISCONNECT_WAIT = 1.0  # seconds disconnect() waits for a DCGM call in another thread to return
-_FIELD_GROUP_SERIAL = itertools.count(1)
+_GROUP_SERIAL = itertools.count(1)
 
 
 def find_bindings(path: str) -> Path:
@@ -103,8 +113,10 @@ class DcgmBindings:
         self._modules: dict[str, ModuleType] = {}
         self._handle: Any = None
         self._system: Any = None
-        self._group: Any = None
+        self._group: Any = None  # the default group: every GPU, to list them
+        self._watched: Any = None  # the group of the entities watched
         self._field_group: Any = None
+        self._hierarchy_logged = False
         self._interval = 1.0
 
     @_call
@@ -134,32 +146,53 @@ class DcgmBindings:
         return out
 
     @_call
-    def watch(self, field_ids: Sequence[int], interval: float) -> None:
+    def gpu_instances(self) -> list[DcgmInstance]:
+        agent = self._modules["dcgm_agent"]
+        try:
+            hierarchy = agent.dcgmGetGpuInstanceHierarchy(self._handle.handle)
+        except Exception as exc:  # DCGM before 2.0 has no MIG hierarchy: no instances
+            if not self._hierarchy_logged:
+                self._hierarchy_logged = True
+                log.info("dcgm: DCGM did not give its MIG hierarchy (%s); watching whole GPUs only", exc)
+            return []
+        out = []
+        for item in hierarchy.entityList[: hierarchy.count]:
+            if item.entity.entityGroupId == FE_GPU_I:
+                out.append(DcgmInstance(int(item.entity.entityId), int(item.parent.entityId),
+                                        int(item.info.nvmlInstanceId)))
+        return out
+
+    @_call
+    def watch(self, field_ids: Sequence[int], interval: float, entities: Sequence[Entity]) -> None:
         pydcgm = self._modules["pydcgm"]
-        self._delete_field_group()
-        # DCGM wants field group names unique; one per connection, never reused in this process
-        name = f"goodput_exporter_{os.getpid()}_{next(_FIELD_GROUP_SERIAL)}"
+        self._delete_groups()
+        # DCGM wants group names unique; one per connection, never reused in this process
+        name = f"goodput_exporter_{os.getpid()}_{next(_GROUP_SERIAL)}"
+        self._watched = self._system.GetEmptyGroup(name)
+        for entity_group, entity_id in entities:
+            self._watched.AddEntity(entity_group, entity_id)
         self._field_group = pydcgm.DcgmFieldGroup(self._handle, name, list(field_ids))
         keep = max(KEEP_SAMPLES_FOR, 10 * interval)
-        self._group.samples.WatchFields(self._field_group, int(interval * 1e6), keep, 0)
+        self._watched.samples.WatchFields(self._field_group, int(interval * 1e6), keep, 0)
         self._interval = interval
         self._system.UpdateAllFields(1)  # the first read then finds values
 
     @_call
     def latest(self) -> Latest:
-        values = self._group.samples.GetLatest(self._field_group).values
+        values = self._watched.samples.GetLatest_v2(self._field_group).values
         oldest = (self._wall_clock() - STALE_AFTER_INTERVALS * self._interval) * 1e6
         out = Latest()
-        for gpu_id, fields in values.items():
-            row = out.values.setdefault(int(gpu_id), {})
-            for field_id, samples in fields.items():
-                if not samples or samples[-1].isBlank:
-                    continue  # no value (yet), or none for this GPU
-                sample = samples[-1]
-                if sample.ts < oldest:  # DCGM's sampler stopped updating this field
-                    out.stale += 1
-                    continue
-                row[int(field_id)] = float(sample.value)
+        for entity_group, entities in values.items():
+            for entity_id, fields in entities.items():
+                row = out.values.setdefault((int(entity_group), int(entity_id)), {})
+                for field_id, samples in fields.items():
+                    if not samples or samples[-1].isBlank:
+                        continue  # no value (yet), or none for this entity
+                    sample = samples[-1]
+                    if sample.ts < oldest:  # DCGM's sampler stopped updating this field
+                        out.stale += 1
+                        continue
+                    row[int(field_id)] = float(sample.value)
         return out
 
     def disconnect(self) -> None:
@@ -174,19 +207,21 @@ class DcgmBindings:
         finally:
             self._lock.release()
 
-    def _delete_field_group(self) -> None:
-        field_group, self._field_group = self._field_group, None
-        if field_group is not None:
-            try:
-                field_group.Delete()
-            except Exception as exc:  # the engine may be gone; the group goes with it
-                log.debug("dcgm: deleting the field group failed: %s", exc)
+    def _delete_groups(self) -> None:
+        for attribute in ("_field_group", "_watched"):
+            group = getattr(self, attribute)
+            setattr(self, attribute, None)
+            if group is not None:
+                try:
+                    group.Delete()
+                except Exception as exc:  # the engine may be gone; the group goes with it
+                    log.debug("dcgm: deleting a group failed: %s", exc)
 
     def _shutdown(self) -> None:
-        """Under the lock: free the field group, then the handle."""
+        """Under the lock: free the groups, then the handle."""
         if self._handle is not None:
-            self._delete_field_group()
-        self._field_group = None
+            self._delete_groups()
+        self._field_group = self._watched = None
         handle, self._handle = self._handle, None
         self._group = self._system = None
         if handle is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from ...core.settings import Duration, SourceConfig
 
@@ -29,7 +29,28 @@ class DcgmConfig(SourceConfig):
         "inside this process; needs root for profiling fields).")
     exporter_url: str = Field(
         "http://127.0.0.1:9400/metrics", description="For mode=exporter, the /metrics URL of the dcgm-exporter "
-        "on this node; series are matched to this node's GPUs by UUID.")
+        "on this node; series are matched to this node's GPUs by UUID. User info in it (http://user:password@...) is "
+        "sent as basic auth, with a warning: keep the password in dcgm.basic_auth_password_file instead.")
+    basic_auth_username: str = Field(
+        "", description="For mode=exporter, the user name sent with HTTP basic auth (a user of dcgm-exporter's "
+        "--web-config-file basic_auth_users); needs basic_auth_password_file. Empty: no basic auth.")
+    basic_auth_password_file: str = Field(
+        "", description="File holding the basic-auth password (a mounted Secret; surrounding whitespace is "
+        "ignored), read at every collection so that a rotated one is used.")
+    bearer_token_file: str = Field(
+        "", description="For mode=exporter, file holding a token sent as Authorization: Bearer (e.g. to a "
+        "kube-rbac-proxy in front of dcgm-exporter), read at every collection; not with basic auth. Empty: none.")
+    ca_file: str = Field(
+        "", description="For an https:// exporter_url, the CA certificates (PEM) that dcgm-exporter's certificate "
+        "is checked against; empty: the system's CAs. Reloaded when the file changes.")
+    cert_file: str = Field(
+        "", description="For an https:// exporter_url, the client certificate (PEM) shown to a dcgm-exporter that "
+        "asks for one (its web config's client_ca_file); needs key_file. Reloaded when the file changes.")
+    key_file: str = Field(
+        "", description="The unencrypted private key (PEM) of cert_file.")
+    insecure_skip_verify: bool = Field(
+        False, description="For an https:// exporter_url, check neither dcgm-exporter's certificate nor its host "
+        "name: the traffic is encrypted, but to whoever answers. For tests, not production.")
 
     @field_validator("hostengine")
     @classmethod
@@ -41,6 +62,51 @@ class DcgmConfig(SourceConfig):
     @field_validator("exporter_url")
     @classmethod
     def _check_url(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        from .fetch import display_url
+
+        shown = display_url(value)
+        if shown == value:
+            shown = repr(value)
+        elif "://" in shown:
+            shown = f"{shown!r} (its user info not shown)"
         if not re.match(r"^https?://[^/\s]+(/\S*)?$", value):
-            raise ValueError(f"{value!r} is not an http:// or https:// URL")
+            raise ValueError(f"{shown} is not an http:// or https:// URL")
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 (raises on a port that is no number 0-65535)
+        except ValueError as exc:
+            raise ValueError(f"{shown}: {exc}") from None
+        if not parts.hostname:
+            raise ValueError(f"{shown} names no host")
         return value
+
+    @field_validator("basic_auth_username")
+    @classmethod
+    def _check_username(cls, value: str) -> str:
+        if ":" in value or not value.isprintable():
+            raise ValueError("a basic-auth user name holds no colon and no control characters")
+        return value
+
+    @model_validator(mode="after")
+    def _check_exporter_access(self) -> DcgmConfig:
+        from .fetch import url_credentials
+
+        if bool(self.basic_auth_username) != bool(self.basic_auth_password_file):
+            raise ValueError("dcgm.basic_auth_username and dcgm.basic_auth_password_file go together: set both or "
+                             "neither")
+        if self.basic_auth_username and self.bearer_token_file:
+            raise ValueError("dcgm.basic_auth_* and dcgm.bearer_token_file both set: a request carries one "
+                             "Authorization header, keep one")
+        if url_credentials(self.exporter_url) is not None and (self.basic_auth_username or self.bearer_token_file):
+            raise ValueError("dcgm.exporter_url holds a user name and password and dcgm.basic_auth_* or "
+                             "dcgm.bearer_token_file is set too: take them out of the URL")
+        if bool(self.cert_file) != bool(self.key_file):
+            raise ValueError("dcgm.cert_file and dcgm.key_file go together: set both or neither")
+        tls = [f"dcgm.{key}" for key in ("ca_file", "cert_file", "key_file", "insecure_skip_verify")
+               if getattr(self, key)]
+        if tls and not self.exporter_url.startswith("https://"):
+            raise ValueError(f"{', '.join(tls)}: TLS settings, and dcgm.exporter_url is http://: nothing would be "
+                             "encrypted or checked; use an https:// URL or remove them")
+        return self

@@ -15,36 +15,23 @@ from collections.abc import Callable, Sequence
 from ..nvml.simulated import SimulatedGpus
 from .api import (
     CONNECTION_NOT_VALID,
-    FI_PROF_DRAM_ACTIVE,
-    FI_PROF_NVLINK_RX_BYTES,
-    FI_PROF_NVLINK_TX_BYTES,
-    FI_PROF_PCIE_RX_BYTES,
-    FI_PROF_PCIE_TX_BYTES,
-    FI_PROF_PIPE_FP16_ACTIVE,
-    FI_PROF_PIPE_FP32_ACTIVE,
-    FI_PROF_PIPE_FP64_ACTIVE,
-    FI_PROF_PIPE_TENSOR_ACTIVE,
-    FI_PROF_SM_ACTIVE,
-    FI_PROF_SM_OCCUPANCY,
+    FE_GPU,
+    FIELD_NAMES,
+    PROFILING_NOT_SUPPORTED,
     DcgmError,
     DcgmGpu,
+    DcgmInstance,
+    Entity,
     Latest,
 )
 
-# DCGM field id -> key of SimulatedGpus.truth_activity
+# DCGM field id -> key of SimulatedGpus.truth_activity: the field's name, lower case, less its prefix
+# and "pipe_" (DCGM_FI_PROF_PIPE_TENSOR_HMMA_ACTIVE -> tensor_hmma_active); the byte rates by direction
 TRUTH_KEYS = {
-    FI_PROF_SM_ACTIVE: "sm_active",
-    FI_PROF_SM_OCCUPANCY: "sm_occupancy",
-    FI_PROF_PIPE_TENSOR_ACTIVE: "tensor_active",
-    FI_PROF_DRAM_ACTIVE: "dram_active",
-    FI_PROF_PIPE_FP64_ACTIVE: "fp64_active",
-    FI_PROF_PIPE_FP32_ACTIVE: "fp32_active",
-    FI_PROF_PIPE_FP16_ACTIVE: "fp16_active",
-    FI_PROF_PCIE_TX_BYTES: "pcie_tx",
-    FI_PROF_PCIE_RX_BYTES: "pcie_rx",
-    FI_PROF_NVLINK_TX_BYTES: "nvlink_tx",
-    FI_PROF_NVLINK_RX_BYTES: "nvlink_rx",
+    field_id: name.removeprefix("DCGM_FI_PROF_").removeprefix("PIPE_").removesuffix("_BYTES").lower()
+    for field_id, name in FIELD_NAMES.items()
 }
+MIG_ENTITY_BASE = 100  # DCGM numbers GPU instances apart from GPUs; the simulator's start here
 
 
 class SimulatedDcgm:
@@ -60,7 +47,9 @@ class SimulatedDcgm:
         self._profiling_error: DcgmError | None = None
         self._connected = False
         self._watched: tuple[int, ...] = ()
+        self._entities: tuple[Entity, ...] = ()
         self._interval = 1.0
+        self._supported: frozenset[int] | None = None  # None: every field
         self._watch_start = 0.0
         self.connects = 0  # how often a client connected (tests: reconnection after an engine restart)
 
@@ -76,6 +65,11 @@ class SimulatedDcgm:
     def start_hostengine(self) -> None:
         with self._lock:
             self._engine_up = True
+
+    def support_only(self, field_ids: frozenset[int] | None) -> None:
+        """An older GPU: watching any other profiling field is refused (None: every field)."""
+        with self._lock:
+            self._supported = field_ids
 
     def set_profiling_unsupported(self, code: int | None) -> None:
         """Make watching profiling fields fail with `code` (e.g. PROFILING_NOT_SUPPORTED); None: allow."""
@@ -102,7 +96,13 @@ class SimulatedDcgm:
             self._check()
         return [DcgmGpu(i, self.sim.uuid(i)) for i in range(self.sim.count)]
 
-    def watch(self, field_ids: Sequence[int], interval: float) -> None:
+    def gpu_instances(self) -> list[DcgmInstance]:
+        with self._lock:
+            self._check()
+        return [DcgmInstance(MIG_ENTITY_BASE + 8 * i + gi, i, gi)
+                for i in range(self.sim.count) for gi in self.sim.mig_gpu_instances(i)]
+
+    def watch(self, field_ids: Sequence[int], interval: float, entities: Sequence[Entity]) -> None:
         with self._lock:
             self._check()
             if self._profiling_error is not None:
@@ -110,7 +110,10 @@ class SimulatedDcgm:
             unknown = [f for f in field_ids if f not in TRUTH_KEYS]
             if unknown:
                 raise DcgmError(-13, f"simulated: unknown fields {unknown}")  # DCGM_ST_UNKNOWN_FIELD
+            if self._supported is not None and not set(field_ids) <= self._supported:
+                raise DcgmError(PROFILING_NOT_SUPPORTED, "simulated: a field is not supported on this GPU")
             self._watched = tuple(field_ids)
+            self._entities = tuple(entities)
             self._interval = interval
             self._watch_start = self._clock()
 
@@ -121,22 +124,24 @@ class SimulatedDcgm:
         return end - self._interval, end
 
     def latest(self) -> Latest:
+        """Each watched entity's averages; a MIG instance reports the activity of its whole GPU."""
         with self._lock:
             self._check()
-            watched, start = self._watched, self._watch_start
+            watched, entities, start = self._watched, self._entities, self._watch_start
         t0, t1 = self.latest_period()
-        if t0 < start:  # no full period sampled since the watch began: DCGM has only blanks
-            return Latest({i: {} for i in range(self.sim.count)})
-        out: dict[int, dict[int, float]] = {}
-        for index in range(self.sim.count):
-            if self.sim.is_lost(index):  # DCGM keeps the GPU, with blank values
-                out[index] = {}
+        out: dict[Entity, dict[int, float]] = {}
+        for entity in entities:
+            group, entity_id = entity
+            index = entity_id if group == FE_GPU else (entity_id - MIG_ENTITY_BASE) // 8
+            if t0 < start or self.sim.is_lost(index):  # no full period sampled yet, or a lost GPU: blanks
+                out[entity] = {}
                 continue
             truth = self.sim.truth_activity(index, t0, t1)
-            out[index] = {field: truth[TRUTH_KEYS[field]] for field in watched}
+            out[entity] = {field: truth[TRUTH_KEYS[field]] for field in watched}
         return Latest(out)
 
     def disconnect(self) -> None:
         with self._lock:
             self._connected = False
             self._watched = ()
+            self._entities = ()

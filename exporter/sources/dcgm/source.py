@@ -27,8 +27,12 @@ from ..base import Source, SourceError
 from . import fetch, scrape
 from . import metrics as c
 from .api import (
+    BASE_FIELDS,
     CONNECTION_NOT_VALID,
+    FE_GPU,
+    FE_GPU_I,
     FI_PROF_DRAM_ACTIVE,
+    FI_PROF_GR_ENGINE_ACTIVE,
     FI_PROF_NVLINK_RX_BYTES,
     FI_PROF_NVLINK_TX_BYTES,
     FI_PROF_PCIE_RX_BYTES,
@@ -36,7 +40,11 @@ from .api import (
     FI_PROF_PIPE_FP16_ACTIVE,
     FI_PROF_PIPE_FP32_ACTIVE,
     FI_PROF_PIPE_FP64_ACTIVE,
+    FI_PROF_PIPE_INT_ACTIVE,
     FI_PROF_PIPE_TENSOR_ACTIVE,
+    FI_PROF_PIPE_TENSOR_DFMA_ACTIVE,
+    FI_PROF_PIPE_TENSOR_HMMA_ACTIVE,
+    FI_PROF_PIPE_TENSOR_IMMA_ACTIVE,
     FI_PROF_SM_ACTIVE,
     FI_PROF_SM_OCCUPANCY,
     PROFILING_FIELDS,
@@ -44,19 +52,26 @@ from .api import (
     STALE_AFTER_INTERVALS,
     DcgmBackend,
     DcgmError,
+    Entity,
+    is_blank,
 )
 from .settings import DcgmConfig
 
 log = logging.getLogger(__name__)
 
 METRICS: dict[int, c.Metric] = {
+    FI_PROF_GR_ENGINE_ACTIVE: c.GPU_GR_ENGINE_ACTIVE,
     FI_PROF_SM_ACTIVE: c.GPU_SM_ACTIVE,
     FI_PROF_SM_OCCUPANCY: c.GPU_SM_OCCUPANCY,
     FI_PROF_PIPE_TENSOR_ACTIVE: c.GPU_TENSOR_ACTIVE,
+    FI_PROF_PIPE_TENSOR_HMMA_ACTIVE: c.GPU_TENSOR_HMMA_ACTIVE,
+    FI_PROF_PIPE_TENSOR_IMMA_ACTIVE: c.GPU_TENSOR_IMMA_ACTIVE,
+    FI_PROF_PIPE_TENSOR_DFMA_ACTIVE: c.GPU_TENSOR_DFMA_ACTIVE,
     FI_PROF_DRAM_ACTIVE: c.GPU_DRAM_ACTIVE,
     FI_PROF_PIPE_FP16_ACTIVE: c.GPU_FP16_ACTIVE,
     FI_PROF_PIPE_FP32_ACTIVE: c.GPU_FP32_ACTIVE,
     FI_PROF_PIPE_FP64_ACTIVE: c.GPU_FP64_ACTIVE,
+    FI_PROF_PIPE_INT_ACTIVE: c.GPU_INT_ACTIVE,
     FI_PROF_PCIE_TX_BYTES: c.GPU_DCGM_PCIE_TX,
     FI_PROF_PCIE_RX_BYTES: c.GPU_DCGM_PCIE_RX,
     FI_PROF_NVLINK_TX_BYTES: c.GPU_DCGM_NVLINK_TX,
@@ -66,8 +81,8 @@ PROFILING_RETRY_AFTER = 300.0  # seconds before asking again for fields DCGM sai
 EXPORTER_DEADLINE_SHARE = 0.8  # of dcgm.timeout: the source reports its own clear reason first
 MAX_LOGGED_GPUS = 64  # unknown GPUs logged by UUID, at most (the input is another program's)
 
-# What one reader returns: UUID -> (the tool's own GPU id, {field id: value})
-Readings = dict[str, tuple[str, dict[int, float]]]
+# What one reader returns: (GPU UUID, MIG GPU instance id or "") -> (the tool's own GPU id, {field: value})
+Readings = dict[tuple[str, str], tuple[str, dict[int, float]]]
 
 
 class _BindingsReader:
@@ -79,14 +94,15 @@ class _BindingsReader:
         self.where = ("DCGM's embedded engine" if config.hostengine == "embedded"
                       else f"nv-hostengine at {config.hostengine}")
         self._clock = clock
-        self._uuids: dict[int, str] | None = None  # DCGM GPU id -> UUID while connected and watching
+        # DCGM entity -> (GPU UUID, DCGM GPU id, MIG GPU instance id or "") while connected and watching
+        self._entities: dict[Entity, tuple[str, str, str]] | None = None
         self._unavailable: tuple[float, str, str] | None = None  # since, reason, message
         self._stale_logged = False
 
     def read(self, batch: Batch) -> Readings:
-        if self._uuids is None:
+        if self._entities is None:
             self._start()
-        assert self._uuids is not None
+        assert self._entities is not None
         try:
             latest = self.backend.latest()
         except DcgmError as exc:
@@ -106,12 +122,20 @@ class _BindingsReader:
                             "sampler is not updating them (is nv-hostengine overloaded?)",
                             latest.stale, STALE_AFTER_INTERVALS)
         out: Readings = {}
-        for gpu_id, values in latest.values.items():
-            uuid = self._uuids.get(gpu_id)
-            if uuid is None:
+        for entity, values in latest.values.items():
+            known = self._entities.get(entity)
+            if known is None:
                 batch.errors.append("dcgm_unknown_gpu")
                 continue
-            out[uuid] = (str(gpu_id), values)
+            uuid, gpu_id, instance = known
+            blank = [field_id for field_id, value in values.items() if is_blank(value)]
+            for field_id in blank:  # the bindings mark blanks; a marker value unmarked is still one
+                del values[field_id]
+                batch.errors.append("dcgm_blank_value")
+            out[uuid, instance] = (gpu_id, values)
+        if not any(values for _, values in out.values()):
+            raise SourceError("dcgm_no_values", f"{self.where} has no value of any profiling field for any GPU "
+                              "yet (blank samples only): DCGM may still be starting, or every GPU is lost")
         return out
 
     def _start(self) -> None:
@@ -135,23 +159,50 @@ class _BindingsReader:
                                   "running (systemctl status nvidia-dcgm)? Or set dcgm.hostengine=embedded") from None
             raise SourceError(exc.reason, f"starting DCGM failed: {exc}") from None
         try:
-            uuids = {gpu.gpu_id: gpu.uuid for gpu in self.backend.gpus()}
-            self.backend.watch(PROFILING_FIELDS, self.interval)
+            gpus = {gpu.gpu_id: gpu.uuid for gpu in self.backend.gpus()}
+            instances = self.backend.gpu_instances()
         except DcgmError as exc:
-            if exc.code in PROFILING_UNAVAILABLE:
-                message = (f"DCGM cannot watch the profiling fields ({exc}): they need a data-center GPU "
-                           "(Volta or newer), a host engine running as root, and no other profiler (Nsight) "
-                           f"holding the counters; asking again in {PROFILING_RETRY_AFTER:g}s")
-                self._unavailable = (self._clock(), exc.reason, message)
-                raise SourceError(exc.reason, message) from None
-            raise SourceError(exc.reason, f"watching the profiling fields failed: {exc}") from None
-        log.info("dcgm: watching %d profiling fields of %d GPU(s) through %s, every %gs",
-                 len(PROFILING_FIELDS), len(uuids), self.where, self.interval)
-        self._uuids = uuids
+            raise SourceError(exc.reason, f"listing DCGM's GPUs failed: {exc}") from None
+        # as dcgm-exporter's default (--devices f): a GPU in MIG mode is watched per GPU instance
+        entities: dict[Entity, tuple[str, str, str]] = {}
+        in_mig = {instance.gpu_id for instance in instances if instance.gpu_id in gpus}
+        for instance in instances:
+            if instance.gpu_id in gpus:
+                entities[FE_GPU_I, instance.entity_id] = (gpus[instance.gpu_id], str(instance.gpu_id),
+                                                          str(instance.instance_id))
+        for gpu_id, uuid in gpus.items():
+            if gpu_id not in in_mig:
+                entities[FE_GPU, gpu_id] = (uuid, str(gpu_id), "")
+        fields = self._watch(list(entities))
+        log.info("dcgm: watching %d profiling fields of %d GPU(s) (%d MIG GPU instance(s)) through %s, every %gs",
+                 len(fields), len(gpus), len(instances), self.where, self.interval)
+        self._entities = entities
         self._stale_logged = False
 
+    def _watch(self, entities: list[Entity]) -> tuple[int, ...]:
+        """Watch every profiling field; where DCGM refuses them all (an older GPU lacks the tensor sub-pipes
+        or the integer pipe), the twelve every data-center GPU since Volta has."""
+        first: DcgmError | None = None
+        for fields in (PROFILING_FIELDS, BASE_FIELDS):
+            try:
+                self.backend.watch(fields, self.interval, entities)
+                if first is not None:
+                    log.info("dcgm: DCGM refused the whole set of profiling fields (%s); watching its base "
+                             "set of %d", first, len(fields))
+                return fields
+            except DcgmError as exc:
+                if exc.code not in PROFILING_UNAVAILABLE:
+                    raise SourceError(exc.reason, f"watching the profiling fields failed: {exc}") from None
+                first = first or exc
+        assert first is not None
+        message = (f"DCGM cannot watch the profiling fields ({first}): they need a data-center GPU "
+                   "(Volta or newer), a host engine running as root, and no other profiler (Nsight) "
+                   f"holding the counters; asking again in {PROFILING_RETRY_AFTER:g}s")
+        self._unavailable = (self._clock(), first.reason, message)
+        raise SourceError(first.reason, message)
+
     def _drop(self) -> None:
-        self._uuids = None
+        self._entities = None
         with contextlib.suppress(Exception):  # disconnecting is best effort; it must not hide the error
             self.backend.disconnect()
 
@@ -163,10 +214,18 @@ class _ExporterReader:
     """Fetches a dcgm-exporter's /metrics once per collection."""
 
     def __init__(self, config: DcgmConfig) -> None:
-        self.url = config.exporter_url
+        self._fetcher = fetch.Fetcher(
+            config.exporter_url, basic_auth_username=config.basic_auth_username,
+            basic_auth_password_file=config.basic_auth_password_file, bearer_token_file=config.bearer_token_file,
+            ca_file=config.ca_file, cert_file=config.cert_file, key_file=config.key_file,
+            insecure_skip_verify=config.insecure_skip_verify)
+        self.url = self._fetcher.display_url  # never the URL as configured: it may hold a password
         self.deadline = config.timeout * EXPORTER_DEADLINE_SHARE
-        self._fetcher = fetch.Fetcher(self.url)
         self._logged: set[str] = set()
+        if self._fetcher.url_credentials:
+            log.warning("dcgm: dcgm.exporter_url holds a user name and password; they are sent as basic auth, but a "
+                        "URL is shown in process lists, config files and chart values: set dcgm.basic_auth_username "
+                        "and dcgm.basic_auth_password_file (a mounted Secret) instead")
 
     def read(self, batch: Batch) -> Readings:
         try:
@@ -178,14 +237,34 @@ class _ExporterReader:
             batch.errors.extend([reason] * count)
             self._once(reason, f"dcgm: rejected {count} series from {self.url} ({reason}), e.g.: "
                        f"{reading.examples[reason]}")
-        if reading.mig_series:
-            self._once("mig", f"dcgm: {self.url} has {reading.mig_series} series of MIG instances; only "
-                       "whole GPUs are taken", level=logging.INFO)
+        if reading.mig_instances:
+            self._once("mig", f"dcgm: {self.url} reports {reading.mig_instances} MIG GPU instance(s); their "
+                       "series carry gpu_instance_id", level=logging.INFO)
         if reading.taken == 0:
             raise SourceError("dcgm_exporter_no_fields", f"{self.url} has no DCGM_FI_PROF_* series: its "
-                              "counters file lists none (dcgm-exporter's default-counters.csv has none); run "
-                              "it with -f etc/dcp-metrics-included.csv or a counters file that adds them")
-        return {uuid: (reading.gpu_ids[uuid], values) for uuid, values in reading.values.items()}
+                              "counters file lists none. dcgm-exporter 4.x's default counters have "
+                              "DCGM_FI_PROF_GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE and PCIE_*; "
+                              "releases before 3.3.9 and custom files (-f, or the GPU Operator's "
+                              "dcgmExporter.config) may have none. Add them to its counters file, or run it "
+                              "with -f /etc/dcgm-exporter/dcp-metrics-included.csv")
+        if not reading.values:
+            raise self._nothing_usable(reading)
+        return {entity: (reading.gpu_ids[entity[0]], values) for entity, values in reading.values.items()}
+
+    def _nothing_usable(self, reading: scrape.Reading) -> SourceError:
+        """Every profiling series was rejected: the source is down, with the commonest reason."""
+        reason, count = reading.rejected.most_common(1)[0]
+        if reason == "dcgm_exporter_no_uuid":
+            seen = ", ".join(sorted(reading.labels_seen)[:20]) or "none"
+            return SourceError("dcgm_exporter_unknown_labels", f"{self.url}: none of its {reading.taken} "
+                               f"DCGM_FI_PROF_* series has a UUID (or uuid) label, so none can be matched to a "
+                               f"GPU; labels seen: {seen}")
+        if reason == "dcgm_exporter_blank":
+            return SourceError("dcgm_exporter_blank", f"{self.url}: all {reading.taken} DCGM_FI_PROF_* series "
+                               "hold DCGM's blank marker (no value): DCGM has not sampled them yet, or cannot "
+                               "(profiling unsupported on these GPUs, or another profiler holds the counters)")
+        return SourceError(reason, f"{self.url}: all {reading.taken} DCGM_FI_PROF_* series were rejected "
+                           f"({count} as {reason}), e.g.: {reading.examples[reason]}")
 
     def _once(self, key: str, message: str, level: int = logging.WARNING) -> None:
         if key not in self._logged:  # keys are our own reasons: a small, fixed set
@@ -234,24 +313,28 @@ class DcgmSource(Source):
         if not known and readings and not self._own_ids_logged:
             self._own_ids_logged = True
             log.info("dcgm: the nvml source is disabled; labelling GPUs by DCGM's own GPU ids")
-        rows: list[tuple[str, str, dict[int, float]]] = []
-        for uuid, (own_id, values) in readings.items():
+        rows: list[tuple[str, str, str, dict[int, float]]] = []
+        for (uuid, instance), (own_id, values) in readings.items():
             index = known.get(uuid) if self.nvml_enabled else (own_id or None)
             if index is None:
                 batch.errors.append("dcgm_unknown_gpu")
                 if uuid not in self._unknown_logged and len(self._unknown_logged) < MAX_LOGGED_GPUS:
                     self._unknown_logged.add(uuid)
                     log.warning("dcgm: GPU %s (DCGM id %s) is not one of this node's GPUs as NVML sees them; "
-                                "its series are left out", uuid, own_id)
+                                "its series are left out", uuid, own_id or "?")
                 continue
-            rows.append((index, uuid, values))
-        rows.sort(key=lambda row: (len(row[0]), row[0]))  # by index, numerically
-        for index, uuid, values in rows:
+            rows.append((index, uuid, instance, values))
+        if readings and not rows:
+            raise SourceError("dcgm_unknown_gpu", f"none of the {len({u for u, _ in readings})} GPU(s) DCGM "
+                              "reports is one of this node's GPUs as NVML sees them (matched by UUID)")
+        # by index, numerically, then instance
+        rows.sort(key=lambda row: (len(row[0]), row[0], len(row[2]), row[2]))
+        for index, uuid, instance, values in rows:
             for field_id, value in sorted(values.items()):
                 metric = METRICS.get(field_id)
                 if metric is not None:
-                    batch.add(metric, (index, uuid), value)
-        seen = set(readings)
+                    batch.add(metric, (index, uuid, instance), value)
+        seen = {uuid for uuid, _ in readings}
         for uuid in sorted(self._seen - seen):
             log.warning("dcgm: GPU %s is no longer reported; its series are withdrawn", uuid)
         self._seen = seen

@@ -60,12 +60,17 @@ MIG_PROFILES = {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.
 # cores; "memory": a memory-bound phase (optimizer update, elementwise kernels): DRAM busy, tensor
 # pipes nearly idle; "idle": nothing runs (data stall, checkpoint, gaps between steps).
 ACTIVITY: dict[str, dict[str, float]] = {
-    "compute": {"sm_active": 0.95, "sm_occupancy": 0.45, "tensor_active": 0.70, "dram_active": 0.35,
-                "fp16_active": 0.05, "fp32_active": 0.15, "fp64_active": 0.0},
-    "memory": {"sm_active": 0.85, "sm_occupancy": 0.60, "tensor_active": 0.02, "dram_active": 0.90,
-               "fp16_active": 0.02, "fp32_active": 0.20, "fp64_active": 0.0},
-    "idle": {"sm_active": 0.0, "sm_occupancy": 0.0, "tensor_active": 0.0, "dram_active": 0.0,
-             "fp16_active": 0.0, "fp32_active": 0.0, "fp64_active": 0.0},
+    "compute": {"gr_engine_active": 1.0, "sm_active": 0.95, "sm_occupancy": 0.45, "tensor_active": 0.70,
+                "dram_active": 0.35, "fp16_active": 0.05, "fp32_active": 0.15, "fp64_active": 0.0,
+                "tensor_hmma_active": 0.70, "tensor_imma_active": 0.0, "tensor_dfma_active": 0.0,
+                "int_active": 0.10},
+    "memory": {"gr_engine_active": 1.0, "sm_active": 0.85, "sm_occupancy": 0.60, "tensor_active": 0.02,
+               "dram_active": 0.90, "fp16_active": 0.02, "fp32_active": 0.20, "fp64_active": 0.0,
+               "tensor_hmma_active": 0.02, "tensor_imma_active": 0.0, "tensor_dfma_active": 0.0,
+               "int_active": 0.05},
+    "idle": dict.fromkeys(("gr_engine_active", "sm_active", "sm_occupancy", "tensor_active", "dram_active",
+                           "fp16_active", "fp32_active", "fp64_active", "tensor_hmma_active",
+                           "tensor_imma_active", "tensor_dfma_active", "int_active"), 0.0),
 }
 ACTIVITY_FIELDS = tuple(ACTIVITY["idle"])
 # Traffic: a baseline plus a share proportional to busy time, the same as the NVML byte counters.
@@ -304,6 +309,10 @@ class SimulatedGpus:
 
     def uuid(self, index: int) -> str:
         return self._gpus[index].uuid
+
+    def mig_gpu_instances(self, index: int) -> list[int]:
+        """The GPU instance ids of GPU `index`'s MIG instances (empty when MIG is off)."""
+        return [mig.gpu_instance_id for mig in self._gpus[index].mig]
 
     def is_lost(self, index: int) -> bool:
         return self._gpus[index].lost

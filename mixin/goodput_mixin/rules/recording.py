@@ -69,7 +69,13 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
         return f"gpu:goodput_gpu_{ratio}_active_ratio:avg{w}"
 
     def avg(ratio: str) -> Rule:
-        return {"record": recorded(ratio), "expr": f"avg_over_time(goodput_gpu_{ratio}_active_ratio[{w}])"}
+        # One series per GPU: the whole GPU's where DCGM measures it, else the mean of its MIG GPU
+        # instances (dcgm-exporter reports a GPU in MIG mode per instance only; each instance's ratio is of
+        # its own slice, so the mean is the GPU's when the instances are the same size).
+        metric = f"goodput_gpu_{ratio}_active_ratio"
+        return {"record": recorded(ratio),
+                "expr": f'avg_over_time({metric}{{gpu_instance_id=""}}[{w}])\n'
+                        f"or\navg without (gpu_instance_id) (avg_over_time({metric}{{gpu_instance_id!=\"\"}}[{w}]))"}
 
     sm, dram = recorded("sm"), recorded("dram")
     cls = f"gpu:goodput_gpu_activity_class:avg{w}"
