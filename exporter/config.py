@@ -7,6 +7,9 @@ its folder) and `simulate`. Every key has one spelling per layer, derived from t
     env    GOODPUT_NVML_INTERVAL=1s
     flag   --nvml.interval 1s
 
+A list of strings is a YAML list in the file and comma-separated in a variable or flag
+(GOODPUT_FLIGHT_PREFIXES=comm_lib_trace_rank_,nccl_trace_rank_).
+
 Any error (unknown key, wrong type, bad duration) raises `ConfigError` naming the key; the CLI turns
 that into exit code 2 before anything binds a port.
 
@@ -61,16 +64,38 @@ Config: type[_Root] = create_model(  # type: ignore[call-overload]
 )
 
 
+def _is_string_list(annotation: Any) -> bool:
+    return getattr(annotation, "__origin__", None) is list and getattr(annotation, "__args__", None) == (str,)
+
+
 def _scalar_fields(model: type[BaseModel]) -> list[str]:
-    """Keys that can be set from a flag or env variable (not lists or nested models)."""
+    """Keys that can be set from a flag or env variable: not nested models, nor lists other than of strings (a
+    list of strings takes a comma-separated value there)."""
     out = []
     for name, field in model.model_fields.items():
         annotation = field.annotation
         if isinstance(annotation, type) and issubclass(annotation, BaseModel):
             continue
-        if getattr(annotation, "__origin__", None) is list:
+        if getattr(annotation, "__origin__", None) is list and not _is_string_list(annotation):
             continue
         out.append(name)
+    return out
+
+
+def split_list(value: str) -> list[str]:
+    """A list of strings as a flag or env variable gives it: comma-separated, blanks around items dropped."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
+def _split_lists(layer: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The comma-separated values of a flag or env layer, as lists for the keys that hold lists of strings."""
+    lists = {(section, key) for section, key, field in settable_keys() if _is_string_list(field.annotation)}
+    out: dict[str, Any] = {}
+    for section, keys in layer.items():
+        if isinstance(keys, Mapping):
+            keys = {key: split_list(value) if (section, key) in lists and isinstance(value, str) else value
+                    for key, value in keys.items()}
+        out[section] = keys
     return out
 
 
@@ -151,8 +176,8 @@ def load(
     environ = os.environ if environ is None else environ
     path = path or environ.get(f"{ENV_PREFIX}CONFIG") or None
     data: dict[str, Any] = read_file(path) if path else {}
-    data = _merge(data, env_overrides(environ))
-    data = _merge(data, flags or {})
+    data = _merge(data, _split_lists(env_overrides(environ)))
+    data = _merge(data, _split_lists(flags or {}))
     try:
         return Config.model_validate(data)
     except ValidationError as exc:

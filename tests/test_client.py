@@ -94,7 +94,7 @@ def test_two_rank_job_reports_what_it_measured(job_env: Venv, tmp_path: Path) ->
         assert value(text, "goodput_step_duration_seconds_count", **labels) == 12
         # the flight-recorder helper left this rank's buffer, as PyTorch wrote it, for the daemon
         assert own["dumps"] >= 1 and own["dump_errors"] == 0
-        dump = pickle.loads((tmp_path / "fr" / workload / f"nccl_trace_rank_{rank}").read_bytes())
+        dump = pickle.loads((tmp_path / "fr" / workload / f"comm_lib_trace_rank_{rank}").read_bytes())
         names = [entry["profiling_name"] for entry in dump["entries"]]
         assert names.count("gloo:all_reduce") == 12 * 2  # weight and bias, every step
         assert value(text, "goodput_collective_bytes_total", rank=str(rank), **ops) == 12 * (16 + 1) * 4

@@ -14,6 +14,8 @@ import pytest
 from conftest import live_server, quick_config, series, value
 from flight_helpers import DUMPS, T0, copy_scenario, nccl_dump, nccl_entry, render, source_for, write_dump
 
+from exporter.cli import parse_serve_args
+from exporter.config import ConfigError, load
 from exporter.sources.flight.source import LOG_LINES_PER_PASS
 
 GOOD = (DUMPS / "healthy2" / "nccl_trace_rank_0").read_bytes()
@@ -232,3 +234,43 @@ def test_the_parser_process_is_replaced_after_a_memory_bomb(tmp_path: Path) -> N
     assert value(text, "goodput_collective_operations_total", workload="later", rank="3", op="all_reduce") == 3
     assert source._parser.pid not in (None, first)
     source.close()
+
+
+def test_a_bad_name_is_logged_with_the_names_accepted(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / "job").mkdir()
+    (tmp_path / "job" / "trace_rank_0").write_bytes(GOOD)
+    caplog.set_level(logging.WARNING, logger="exporter.sources.flight.source")
+    text = render(source_for(tmp_path))
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 1
+    (logged,) = [r.getMessage() for r in caplog.records if "trace_rank_0" in r.getMessage()]
+    assert "(bad_name)" in logged
+    assert "comm_lib_trace_rank_<rank>[.pkl|.json] or nccl_trace_rank_<rank>[.pkl|.json]" in logged
+    assert "flight.prefixes" in logged
+
+
+@pytest.mark.parametrize(("layer", "expected"), [
+    ({"prefixes": []}, "flight.prefixes: name at least one file-name prefix"),
+    ({"prefixes": [""]}, "flight.prefixes: '' is not a plain file-name prefix"),
+    ({"prefixes": ["comm_lib_trace_rank_", "dumps/rank_"]}, "flight.prefixes: 'dumps/rank_' is not a plain"),
+    ({"prefixes": [".hidden_rank_"]}, "flight.prefixes: '.hidden_rank_' is not a plain file-name prefix"),
+    ({"prefixes": ["/run/fr/comm_lib_trace_rank_"]}, "'/run/fr/comm_lib_trace_rank_' is not a plain"),
+    ({"prefixes": ["nul\0rank_"]}, "flight.prefixes: 'nul\\x00rank_' is not a plain file-name prefix"),
+    ({"prefix": "a/b_"}, "flight.prefix: 'a/b_' is not a plain file-name prefix"),
+    ({"prefix": "old_", "prefixes": ["new_"]}, "flight.prefix is deprecated and flight.prefixes is set too"),
+])
+def test_a_bad_prefix_is_a_config_error_naming_the_key(layer: dict[str, object], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load(None, {"flight": layer}, environ={})
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(("argv", "environ", "expected"), [
+    (["--flight.prefixes", ""], {}, "flight.prefixes: name at least one file-name prefix"),
+    (["--flight.prefixes", " , "], {}, "flight.prefixes: name at least one file-name prefix"),
+    ([], {"GOODPUT_FLIGHT_PREFIXES": "comm_lib_trace_rank_,../up_"}, "'../up_' is not a plain file-name prefix"),
+    (["--flight.prefix", ".x"], {}, "flight.prefix: '.x' is not a plain file-name prefix"),
+])
+def test_a_bad_prefix_from_a_flag_or_variable(argv: list[str], environ: dict[str, str], expected: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        parse_serve_args(argv, environ)
+    assert expected in str(info.value)

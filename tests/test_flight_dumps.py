@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import subprocess
@@ -10,10 +11,14 @@ from pathlib import Path
 
 import pytest
 from conftest import live_server, quick_config, series, value
-from flight_helpers import DUMPS, copy_scenario, render, source_for
+from flight_helpers import DUMPS, WRITTEN, copy_scenario, render, source_for
+from goodput_client import contract
 
+from exporter.cli import parse_serve_args
+from exporter.config import load
 from exporter.sources.flight.load import load_bytes
 from exporter.sources.flight.schema import parse
+from exporter.sources.flight.source import FlightSource
 
 KiB = 1024
 
@@ -147,3 +152,115 @@ def test_the_verdict_on_the_hang_matches_torchfrtrace(tmp_path: Path) -> None:
     healthy = with_membership("healthy4", tmp_path / "healthy", {"0": [0, 1, 2, 3], "1": [0, 1]})
     assert torchfrtrace_verdict(healthy, tmp_path / "healthy.pkl") == []
     assert our_verdict(healthy) == []
+
+
+# --- file names: flight.prefixes ---------------------------------------------------------------------
+
+
+def renamed(scenario: str, root: Path, workload: str, prefix: str) -> Path:
+    """The scenario's dumps (written by PyTorch, named nccl_trace_rank_<r> by generate.py) as <prefix><r>."""
+    target = copy_scenario(scenario, root, workload)
+    for path in sorted(target.iterdir()):
+        path.rename(path.with_name(prefix + path.name.removeprefix("nccl_trace_rank_")))
+    return target
+
+
+def read_ranks(text: str, workload: str) -> set[str]:
+    return {s["rank"] for s in series(text, "goodput_flight_recorder_dump_timestamp_seconds")
+            if s["workload"] == workload}
+
+
+def test_the_default_prefixes_are_pytorchs_current_and_earlier_names() -> None:
+    config = load(None, None, environ={})
+    assert config.flight.prefixes == ["comm_lib_trace_rank_", "nccl_trace_rank_"]
+    assert config.flight.prefixes == [contract.FLIGHT_DUMP_PREFIX, contract.FLIGHT_DUMP_PREFIX_LEGACY]
+    assert config.flight.prefix == ""  # the deprecated alias is unset
+
+
+def test_both_default_prefixes_are_read_in_a_running_daemon(tmp_path: Path) -> None:
+    """Real PyTorch dumps under PyTorch's current default name (comm_lib_trace_rank_<rank>, as
+    DebugInfoWriter names NCCL's dump on timeout) and under the earlier one, read with defaults."""
+    root = tmp_path / "fr"
+    renamed("healthy2", root, "current", "comm_lib_trace_rank_")
+    copy_scenario("healthy2", root, "earlier")  # nccl_trace_rank_<rank>
+    mixed = renamed("healthy2", root, "mixed", "comm_lib_trace_rank_")
+    (mixed / "comm_lib_trace_rank_1").rename(mixed / "nccl_trace_rank_1")  # one rank per name
+    config = quick_config(flight={"dir": str(root)})
+    with live_server(config) as live:
+        text = live.metrics_when("goodput_flight_recorder_files", 6)
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 0
+    for workload in ("current", "earlier", "mixed"):
+        assert read_ranks(text, workload) == {"0", "1"}
+        for rank in ("0", "1"):
+            labels = {"workload": workload, "rank": rank, "pg": "0"}
+            assert value(text, "goodput_collective_operations_total", op="all_reduce", **labels) == 4
+            assert value(text, "goodput_collective_last_seq", state="completed", **labels) == 6
+
+
+def test_one_rank_under_both_names_reads_the_newer(tmp_path: Path) -> None:
+    job = renamed("healthy2", tmp_path, "job", "comm_lib_trace_rank_")
+    older = job / "nccl_trace_rank_0"  # e.g. left by an older client before PyTorch's dump on timeout
+    older.write_bytes((DUMPS / "healthy2" / "nccl_trace_rank_1").read_bytes())
+    os.utime(older, (WRITTEN["healthy2/nccl_trace_rank_0"] - 60,) * 2)
+    source = source_for(tmp_path)
+    text = render(source)
+    assert value(text, "goodput_flight_recorder_rejected_total", reason="duplicate_rank") == 1
+    assert read_ranks(text, "job") == {"0", "1"}
+    assert value(text, "goodput_flight_recorder_dump_timestamp_seconds", workload="job", rank="0") == \
+        WRITTEN["healthy2/nccl_trace_rank_0"]
+    source.close()
+
+
+def test_a_custom_list_of_prefixes(tmp_path: Path) -> None:
+    renamed("healthy2", tmp_path, "a", "trace_")
+    renamed("healthy2", tmp_path, "b", "fr-rank-")
+    renamed("healthy2", tmp_path, "c", "comm_lib_trace_rank_")  # not in the list now
+    # a list in YAML or from Python; comma-separated in the variable and the flag
+    via_flags = source_for(tmp_path, prefixes=["trace_", "fr-rank-"])
+    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIXES": "trace_, fr-rank-"}
+    via_env = FlightSource(load(None, None, environ=environ).flight)
+    via_cli = FlightSource(parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefixes", "trace_,fr-rank-"],
+                                            {}).flight)
+    for source in (via_flags, via_env, via_cli):
+        text = render(source)
+        assert read_ranks(text, "a") == read_ranks(text, "b") == {"0", "1"}
+        assert read_ranks(text, "c") == set()
+        assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 2
+        source.close()
+
+
+def test_the_deprecated_prefix_is_a_one_element_list(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    renamed("healthy2", tmp_path, "job", "old_rank_")
+    renamed("healthy2", tmp_path, "other", "comm_lib_trace_rank_")
+    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIX": "old_rank_"}
+    for config in (load(None, {"flight": {"dir": str(tmp_path), "prefix": "old_rank_"}}, environ={}),
+                   load(None, None, environ=environ),
+                   parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefix", "old_rank_"], {})):
+        assert config.flight.prefixes == ["old_rank_"]
+        caplog.clear()
+        caplog.set_level(logging.WARNING, logger="exporter.sources.flight.source")
+        source = FlightSource(config.flight)
+        warned = [r.getMessage() for r in caplog.records if "deprecated" in r.getMessage()]
+        assert len(warned) == 1 and "flight.prefixes" in warned[0] and "old_rank_<rank>" in warned[0]
+        text = render(source)
+        assert read_ranks(text, "job") == {"0", "1"} and read_ranks(text, "other") == set()
+        source.close()
+    # the same list given both ways is no conflict
+    both = load(None, {"flight": {"prefix": "old_rank_", "prefixes": ["old_rank_"]}}, environ={})
+    assert both.flight.prefixes == ["old_rank_"]
+
+
+def test_the_longest_prefix_that_fits_wins(tmp_path: Path) -> None:
+    good = (DUMPS / "healthy2" / "nccl_trace_rank_0").read_bytes()
+    job = tmp_path / "job"
+    job.mkdir()
+    for name in ("dump12", "dump5", "dump1.json"):
+        (job / name).write_bytes(good)
+    for prefixes in (["dump", "dump1"], ["dump1", "dump"]):  # in either order
+        source = source_for(tmp_path, prefixes=prefixes)
+        text = render(source)
+        # dump12 is dump1 + rank 2, not dump + rank 12; dump5 fits only dump; in dump1.json the
+        # longer dump1 leaves no rank, so it is dump + rank 1
+        assert read_ranks(text, "job") == {"2", "5", "1"}
+        assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 0
+        source.close()

@@ -32,7 +32,12 @@ MAX_RANK = 1_000_000
 
 DEFAULT_SOCKET = "/run/goodput-exporter/ingest.sock"  # the daemon's ingest.socket_path default
 SOCKET_ENV = "GOODPUT_INGEST_SOCKET_PATH"  # the same setting, as the daemon and the client read it
-FLIGHT_DUMP_PREFIX = "nccl_trace_rank_"  # PyTorch's flight-recorder file name; the daemon's flight.prefix
+# Flight-recorder dump names: <prefix><rank>. PyTorch's own default (c10d's DebugInfoWriter, which NCCL's
+# dump on timeout uses: $XDG_CACHE_HOME/torch/comm_lib_trace_rank_<rank> unless TORCH_FR_DUMP_TEMP_FILE names
+# another prefix) is what the client writes; the daemon's flight.prefixes reads it and the older name.
+FLIGHT_DUMP_PREFIX = "comm_lib_trace_rank_"
+FLIGHT_DUMP_PREFIX_LEGACY = "nccl_trace_rank_"  # PyTorch's earlier default, and this client's before
+FLIGHT_DUMP_PREFIXES = (FLIGHT_DUMP_PREFIX, FLIGHT_DUMP_PREFIX_LEGACY)  # the daemon's flight.prefixes default
 
 Event = dict[str, object]
 

@@ -217,11 +217,11 @@ class Telemetry:
 
     def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
         """Every `interval` seconds (and once more on close), write this rank's PyTorch flight-recorder
-        buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>/nccl_trace_rank_<rank>`,
+        buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>/comm_lib_trace_rank_<rank>`,
         replacing the previous dump atomically, for the daemon's flight source (`flight.dir`) to read.
 
-        That is PyTorch's own file name: with TORCH_FR_DUMP_TEMP_FILE set to
-        `directory/<workload>/nccl_trace_rank_`, NCCL's dump on a timeout replaces the last periodic
+        That is PyTorch's own default file name: with TORCH_FR_DUMP_TEMP_FILE set to
+        `directory/<workload>/comm_lib_trace_rank_`, NCCL's dump on a timeout replaces the last periodic
         one with the state at the hang. Failures are counted in `dump_errors`."""
         folder = _safe(self.workload)
         if folder.startswith("."):  # never a hidden folder, never "..": the daemon skips those

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
-from goodput_client.contract import FLIGHT_DUMP_PREFIX
-from pydantic import Field, field_validator
+from goodput_client.contract import FLIGHT_DUMP_PREFIXES
+from pydantic import Field, field_validator, model_validator
 
 from ...core.settings import Duration, SourceConfig
+
+
+def check_prefix(value: str) -> str:
+    """A dump file's name is <prefix><rank>[.pkl|.json]: the prefix is a plain file name's beginning."""
+    if not value or "/" in value or "\0" in value or value.startswith("."):
+        raise ValueError(f"{value!r} is not a plain file-name prefix (not empty, no '/', not starting with '.'), "
+                         "e.g. comm_lib_trace_rank_")
+    return value
 
 
 class FlightConfig(SourceConfig):
@@ -14,9 +22,14 @@ class FlightConfig(SourceConfig):
         "/run/goodput-exporter/flight",
         description="Directory of flight-recorder dumps: DIR/<workload>/<prefix><rank>[.pkl|.json], or "
         "DIR/<prefix><rank> for workload 'default'.")
+    prefixes: list[str] = Field(
+        list(FLIGHT_DUMP_PREFIXES),
+        description="File-name prefixes before the rank (comma-separated in a flag or variable): the file-name "
+        "part of the jobs' TORCH_FR_DUMP_TEMP_FILE. By default PyTorch's own, comm_lib_trace_rank_, and its "
+        "earlier nccl_trace_rank_. Where several fit a name, the longest wins.")
     prefix: str = Field(
-        FLIGHT_DUMP_PREFIX,
-        description="File-name prefix before the rank (PyTorch's TORCH_FR_DUMP_TEMP_FILE default).")
+        "", description="Deprecated, removed in the next release: use prefixes. One prefix; when set, "
+        "prefixes is [prefix] (a warning is logged).")
     max_file_bytes: int = Field(64 * 2**20, ge=1024, description="Larger dump files are rejected unread.")
     max_files: int = Field(
         512, ge=1, description="Most dump files read; beyond it the most recently written are kept.")
@@ -24,9 +37,23 @@ class FlightConfig(SourceConfig):
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")
 
+    @field_validator("prefixes")
+    @classmethod
+    def _check_prefixes(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("name at least one file-name prefix, e.g. comm_lib_trace_rank_")
+        return list(dict.fromkeys(check_prefix(prefix) for prefix in value))
+
     @field_validator("prefix")
     @classmethod
     def _check_prefix(cls, value: str) -> str:
-        if "/" in value or value.startswith("."):
-            raise ValueError(f"{value!r} must be a plain file-name prefix")
-        return value
+        return check_prefix(value) if value else value
+
+    @model_validator(mode="after")
+    def _deprecated_prefix(self) -> FlightConfig:
+        if self.prefix:
+            if "prefixes" in self.model_fields_set and self.prefixes != [self.prefix]:
+                raise ValueError("flight.prefix is deprecated and flight.prefixes is set too: keep only "
+                                 f"flight.prefixes (e.g. [{self.prefix}])")
+            self.prefixes = [self.prefix]
+        return self

@@ -1,15 +1,33 @@
 """The flight source: PyTorch flight-recorder dumps in a directory -> collective metrics.
 
-Where dumps are looked for (`flight.dir`, `flight.prefix`):
+Where dumps are looked for (`flight.dir`, `flight.prefixes`):
 
     DIR/<workload>/<prefix><rank>[.pkl|.json]    one folder per training job
     DIR/<prefix><rank>[.pkl|.json]               workload "default"
 
-`<prefix>` defaults to PyTorch's own `nccl_trace_rank_`, so pointing TORCH_FR_DUMP_TEMP_FILE at
-`DIR/<workload>/nccl_trace_rank_` puts NCCL's dump-on-timeout files where the periodic dumps of
-`goodput_client.Telemetry.dump_flight_recorder` go, and each folder is also valid `torchfrtrace`
-input. Hidden files and names ending in .partial or .tmp are a writer's temporary files and are
+`<prefix>` is any of `flight.prefixes`, by default PyTorch's own `comm_lib_trace_rank_` and its earlier
+`nccl_trace_rank_`; where several fit a name (one prefix begins another and ends in a digit), the
+longest wins. Hidden files and names ending in .partial or .tmp are a writer's temporary files and are
 skipped; any other file that does not follow the pattern is rejected as bad_name.
+
+PyTorch writes its own dump (NCCL's dump on a timeout with TORCH_NCCL_DUMP_ON_TIMEOUT=1, or on a write
+to the TORCH_NCCL_DEBUG_INFO_PIPE_FILE pipe) through c10d's DebugInfoWriter, to the file named by
+TORCH_FR_DUMP_TEMP_FILE (formerly TORCH_NCCL_DEBUG_INFO_TEMP_FILE) followed by the global rank, with
+no extension: a pickle. Unset, that prefix is `$XDG_CACHE_HOME/torch/comm_lib_trace_rank_` (else
+`$HOME/.cache/torch/...`), where this source does not look. So set, in the job's environment before
+it starts, for each workload:
+
+    TORCH_FR_DUMP_TEMP_FILE=<flight.dir>/<workload>/comm_lib_trace_rank_
+
+and create that folder (PyTorch creates only its default one). Rank 3 then writes
+`<flight.dir>/<workload>/comm_lib_trace_rank_3`, the same file as the periodic dumps of
+`goodput_client.Telemetry.dump_flight_recorder(<flight.dir>)` (its folder is the workload's name with
+characters other than letters, digits and `-_.` as `_`), so a hang's dump replaces the last periodic
+one, and each folder is also valid `torchfrtrace` input. Periodic dumps of your own belong there
+too, at `${TORCH_FR_DUMP_TEMP_FILE}<rank>`: `_dump_nccl_trace()` and `_dump_fr_trace()` only return
+the bytes, and the caller names the file. Do not set TORCH_FR_DUMP_DYNAMIC_FILE_NAME: with it PyTorch
+writes to the variable's value itself, without the rank. A CPU-only PyTorch (gloo) writes no dump
+file of its own at all.
 
 A file is read again only when it changes (inode, size or mtime). A bad version of a file is counted
 once in goodput_flight_recorder_rejected_total and logged once; a file that looks half-written
@@ -45,6 +63,7 @@ DEFAULT_WORKLOAD = "default"
 PARTIAL_WRITE_GRACE = 10.0
 LOG_LINES_PER_PASS = 10
 _TEMPORARY = (".partial", ".tmp", "~")
+_RANK = re.compile(r"(\d{1,9})(?:\.pkl|\.json)?")  # what follows the prefix in a dump file's name
 
 FileKey = tuple[int, int, int]  # inode, size, mtime_ns: a version of a file
 
@@ -162,8 +181,11 @@ class FlightSource(Source):
         self.grace = config.rank_missing_after
         self._parser = ParseWorker(config.max_file_bytes, timeout=config.timeout)
         self._clock = clock
-        self._name = re.compile(re.escape(config.prefix) + r"(\d{1,9})(?:\.pkl|\.json)?")
-        self._pattern = f"{config.prefix}<rank>[.pkl|.json]"
+        self._prefixes = sorted(config.prefixes, key=len, reverse=True)  # the longest that fits wins
+        self._pattern = " or ".join(f"{prefix}<rank>[.pkl|.json]" for prefix in config.prefixes)
+        if config.prefix:
+            log.warning("flight: flight.prefix (GOODPUT_FLIGHT_PREFIX, --flight.prefix) is deprecated and goes "
+                        "away in the next release: set flight.prefixes instead; reading %s", self._pattern)
         self._states: dict[tuple[str, int], _RankState] = {}
         self._failed: dict[str, FileKey] = {}  # the version of a file already counted as rejected
         self._over: set[str] = set()  # files already counted as over max_files, or as bad names
@@ -215,17 +237,26 @@ class FlightSource(Source):
         name = entry.name
         if name.startswith(".") or name.endswith(_TEMPORARY):
             return
-        match = self._name.fullmatch(name)
-        if match is None:
+        rank = self._rank(name)
+        if rank is None:
             if not entry.is_dir(follow_symlinks=False):
-                self._reject_once(entry.path, "bad_name", f"not named {self._pattern}", report)
+                self._reject_once(entry.path, "bad_name", f"not named {self._pattern} (flight.prefixes)", report)
             return
         try:
             st = entry.stat(follow_symlinks=False)
         except OSError as exc:
             self._reject_once(entry.path, "unreadable", exc.strerror or str(exc), report)
             return
-        found.append(_Found(entry.path, workload, int(match.group(1)), st))
+        found.append(_Found(entry.path, workload, rank, st))
+
+    def _rank(self, name: str) -> int | None:
+        """The rank in a dump file's name, after the longest prefix the rest of the name fits; None if none."""
+        for prefix in self._prefixes:
+            if name.startswith(prefix):
+                match = _RANK.fullmatch(name, len(prefix))
+                if match is not None:
+                    return int(match.group(1))
+        return None
 
     def _reject_once(self, path: str, reason: str, message: str, report: _Reporter) -> None:
         """For rejections tied to a path rather than to a version of its content."""
