@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from goodput_client import Telemetry
+from goodput_client.contract import FLIGHT_DUMP_PREFIX
 
 TOKENS_PER_STEP = 4096
 GRADIENT_FLOATS = 1 << 20
@@ -153,7 +154,7 @@ class SimulatedJob:
         }
 
     def _dump_loop(self, rank: int) -> None:
-        target = self.flight_dir / f"nccl_trace_rank_{rank}"
+        target = self.flight_dir / f"{FLIGHT_DUMP_PREFIX}{rank}"
         while self._sleep(self.dump_interval):
             partial = target.with_name(target.name + ".partial")
             partial.write_bytes(pickle.dumps(self.dump(rank), protocol=2))
