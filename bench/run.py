@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import attribution
 import client_ingest
 import cpu_split
+import dcgm_parse
 import flight_parse
 import idle_accuracy
 import rules_scale
@@ -195,9 +196,10 @@ def main() -> None:
     throughput = client_ingest.ingest_events_per_second()
     imported = client_ingest.import_microseconds()
     flight = flight_parse.run()
+    dcgm = dcgm_parse.run()
     scale = rules_scale.run()
     attributed = attribution.run()
-    write(rows, splits, accuracy, client_costs, throughput, imported, flight, scale, attributed)
+    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, scale, attributed)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
@@ -255,8 +257,29 @@ def daemon_markdown(rows: list, splits: list) -> list[str]:
     return lines
 
 
+def dcgm_markdown(costs: list[dcgm_parse.Result], latencies: list[dcgm_parse.Latency]) -> list[str]:
+    lines = [
+        "",
+        "## dcgm-exporter bodies: parse cost, and our /metrics meanwhile",
+        "",
+        "A real dcgm-exporter output (an L40S node, tests/dcgm_corpus/) grown as `--kubernetes` grows it on a "
+        "shared node (each series repeated per pod) to 1 MB and 15 MB (the cap is 16 MiB). CPU per parse, "
+        f"median of {dcgm_parse.ROUNDS}, ours against prometheus-client's parser line by line (the former "
+        "parse). Then a daemon reading that body every second (dcgm.mode=exporter) is scraped "
+        f"{dcgm_parse.SCRAPES} times. Target: linear, and /metrics unaffected.",
+        "",
+        "| body | lines | our parse | prometheus-client | ratio | our /metrics p50 | p99 | fetches meanwhile |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for cost, latency in zip(costs, latencies, strict=True):
+        lines.append(f"| {cost.size / 1e6:.1f} MB | {cost.lines:,} | {cost.ours_ms:.0f} ms | {cost.client_ms:.0f} ms | "
+                     f"{cost.ratio:.1f}x | {latency.p50_ms:.2f} ms | {latency.p99_ms:.2f} ms | {latency.collections} |")
+    return lines
+
+
 def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
-          throughput: float, imported: int, flight: list[flight_parse.Result], scale: rules_scale.Result,
+          throughput: float, imported: int, flight: list[flight_parse.Result],
+          dcgm: tuple[list[dcgm_parse.Result], list[dcgm_parse.Latency]], scale: rules_scale.Result,
           attributed: attribution.Result) -> None:
     lines = [
         "# Benchmark results",
@@ -318,6 +341,7 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
         lines.append(
             f"| {r.variant} | {r.file_bytes / 1024:.0f} KiB | {r.plain_ms:.0f} ms | {r.paused_ms:.0f} ms | "
             f"{r.safe_ms:.0f} ms | {r.ratio:.2f} | {r.paused_ratio:.2f} | {r.source_ms:.0f} ms |")
+    lines += dcgm_markdown(*dcgm)
     lines += [
         "",
         "## Rules at cluster scale",

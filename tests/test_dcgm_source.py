@@ -297,3 +297,35 @@ def test_a_uuid_nvml_no_longer_lists_at_its_index_is_forgotten() -> None:
     text = Renderer().render(batch, TEXT).decode()
     assert [(s["gpu"], s["uuid"]) for s in series(text, "goodput_gpu_sm_active_ratio")] == [("1", sim.uuid(1))]
     assert batch.errors.count("dcgm_unknown_gpu") == 1  # the old UUID is not put on gpu="0"
+
+
+def test_a_gpu_in_mig_mode_is_measured_per_gpu_instance_joining_nvmls_mig_info() -> None:
+    rig = Rig(2)
+    rig.sim.enable_mig(1, ["3g.40gb", "3g.40gb"])
+    rig.source.close()  # the MIG layout is read when DCGM is connected to
+    rig.nvml.collect()
+    start(rig.source)
+    text = rig.scrape(2.0)
+    uuid1 = rig.sim.uuid(1)
+    got = {(s["gpu"], s.get("gpu_instance_id", "")) for s in series(text, "goodput_gpu_tensor_active_ratio")}
+    mig = {s["gpu_instance_id"] for s in series(text, "goodput_gpu_mig_info") if s["uuid"] == uuid1}
+    assert len(mig) == 2
+    assert got == {("0", ""), *(("1", gi) for gi in mig)}  # GPU 1 only per instance, never whole as well
+    t0, t1 = rig.dcgm.latest_period()
+    truth = rig.sim.truth_activity(1, t0, t1)
+    for gi in mig:
+        assert value(text, "goodput_gpu_gr_engine_active_ratio", gpu="1", gpu_instance_id=gi) == pytest.approx(
+            truth["gr_engine_active"])
+
+
+def test_an_older_gpu_that_refuses_the_newer_fields_gets_the_base_twelve() -> None:
+    from exporter.sources.dcgm.api import BASE_FIELDS
+
+    rig = Rig(1)
+    rig.dcgm.support_only(frozenset(BASE_FIELDS))
+    start(rig.source)
+    text = rig.scrape(2.0)
+    assert rig.down is None
+    assert value(text, "goodput_gpu_sm_active_ratio", gpu="0") is not None
+    assert value(text, "goodput_gpu_gr_engine_active_ratio", gpu="0") is not None
+    assert series(text, "goodput_gpu_tensor_hmma_active_ratio") == []
