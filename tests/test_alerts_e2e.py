@@ -92,11 +92,34 @@ def test_a_skipped_collective_pages_and_resolves(stack: tuple[Stack, Webhook]) -
     webhook.wait("resolved", "GoodputCollectiveHang", workload=WORKLOAD, rank=hang["rank"])
 
 
-def test_an_xid_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
+def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook]) -> None:
+    """GPU faults on one stack, at once: an XID (GPU 1), a row remap waiting for a reset (GPU 2), a PCIe link trained
+    at x8 gen 3 (GPU 3), NVLink errors on link 0 (GPU 0); each pages, and resolves once cleared."""
     live, webhook = stack
+    live.gpus.remap_row(2, uncorrected=True)
+    live.gpus.degrade_pcie(3)
+    live.gpus.nvlink_errors(0, link=0, seconds=600)
     time.sleep(3)  # let Prometheus see the GPU without XIDs first
     live.gpus.inject_xid(1, 79)
     alert = webhook.wait("firing", "GoodputGPUXidCritical", gpu="1", xid="79")
     assert alert["severity"] == "critical" and alert["uuid"]
+    reset = webhook.wait("firing", "GoodputGPUResetRequired", gpu="2", reason="row_remap_pending")
+    assert reset["severity"] == "critical" and reset["uuid"] == live.gpus.uuid(2)
+    assert webhook.wait("firing", "GoodputGPUNVLinkErrors", gpu="0", link="0", error_type="crc_flit")["severity"] == \
+        "warning"
+    webhook.wait("firing", "GoodputGPUNVLinkErrors", gpu="0", link="0", error_type="replay")
+    webhook.wait("firing", "GoodputGPUPCIeLinkDegraded", gpu="3", degraded="width")
+    webhook.wait("firing", "GoodputGPUPCIeLinkDegraded", gpu="3", degraded="generation")  # busy at gen 3 of 5
+    live.gpus.reset(2)
+    live.gpus.restore_pcie(3)
+    live.gpus.stop_nvlink_errors(0)
     # an XID is an event: the alert resolves once it is older than the window, with no new one
     webhook.wait("resolved", "GoodputGPUXidCritical", gpu="1", xid="79")
+    webhook.wait("resolved", "GoodputGPUResetRequired", gpu="2")
+    webhook.wait("resolved", "GoodputGPUPCIeLinkDegraded", gpu="3", degraded="width")
+    webhook.wait("resolved", "GoodputGPUNVLinkErrors", gpu="0", error_type="crc_flit")
+    # nothing on the healthy GPUs and links: busy GPUs dropping to gen 1 in a checkpoint pause do not page
+    for name, gpu in (("GoodputGPUResetRequired", "2"), ("GoodputGPUPCIeLinkDegraded", "3"),
+                      ("GoodputGPUNVLinkErrors", "0")):
+        assert not [a for _, a in webhook.received if a["alertname"] == name and a["gpu"] != gpu], name
+    assert not [a for _, a in webhook.received if a["alertname"] == "GoodputGPUNVLinkErrors" and a["link"] != "0"]

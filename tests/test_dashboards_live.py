@@ -61,8 +61,9 @@ def test_demo_render_has_the_same_panels() -> None:
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float, float]]:
     """The demo stack with 6 GPUs (4 held by the job's ranks, 2 free) through a scripted run of faults: a
-    straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a lost GPU, a restart, and a rank
-    that skips a collective long enough to count as a hang. Yields the stack and the run's start and end."""
+    straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a row remap waiting for a reset, a PCIe
+    link trained below its maximum, NVLink errors, a lost GPU, a restart, and a rank that skips a collective long
+    enough to count as a hang. Yields the stack and the run's start and end."""
     live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=6, ranks=4).start()
     try:
         assert live.job is not None
@@ -71,6 +72,9 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float
         live.gpus.throttle(0, "power", 600)
         live.gpus.inject_ecc(1, uncorrected=True)
         live.gpus.inject_xid(1, 79)
+        live.gpus.remap_row(3, uncorrected=True)
+        live.gpus.degrade_pcie(4)
+        live.gpus.nvlink_errors(2, link=0, seconds=600)
         live.gpus.lose(5)
         restarted = Telemetry(WORKLOAD, 0, socket_path=str(live.workdir / "ingest.sock"))
         restarted.lifecycle("restart")

@@ -1,15 +1,27 @@
-"""The real NVML backend. Without a GPU only its failure path can run here; with one, the smoke test."""
+"""The real NVML backend. Without a GPU: its failure path, and its queries through pynvml's own wrappers over a fake
+libnvidia-ml; with one, the smoke test."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
+from typing import ClassVar
 
 import pynvml
 import pytest
+from conftest import series, value
 
+from exporter.core.exposition import TEXT, Batch, Renderer
 from exporter.sources.nvml import metrics as c
-from exporter.sources.nvml.api import DRIVER_NOT_LOADED, LIBRARY_NOT_FOUND, GpuError
+from exporter.sources.nvml.api import (
+    ARGUMENT_VERSION_MISMATCH,
+    DRIVER_NOT_LOADED,
+    FI_MEMORY_TEMP,
+    LIBRARY_NOT_FOUND,
+    NVLINK_ERRORS,
+    RETIREMENT_CAUSES,
+    GpuError,
+)
 from exporter.sources.nvml.library import NvmlLibrary
 from exporter.sources.nvml.source import NvmlSource
 
@@ -46,3 +58,257 @@ def test_real_gpus_smoke() -> None:
     assert first.values(c.GPU_UP)
     assert not [e for e in second.errors if e != "nvml_not_supported"]
     source.close()
+
+
+# --- the real backend over a fake libnvidia-ml -------------------------------------------------------------------
+# pynvml's own wrappers run unchanged (their argument lists, ctypes structures and return shapes); only the C
+# functions they look up are Python stand-ins that write their answers through the pointers pynvml passes, and
+# return NVML codes. A symbol the fake lacks is missing as in an older driver (pynvml: FUNCTION_NOT_FOUND).
+
+def _out(*values: object):  # type: ignore[no-untyped-def]
+    """A C function answering through its last len(values) pointer arguments."""
+    def fn(*args: object) -> int:
+        for pointer, answer in zip(args[len(args) - len(values):], values, strict=True):
+            pointer._obj.value = answer  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+    return fn
+
+
+def _text(answer: bytes):  # type: ignore[no-untyped-def]
+    def fn(*args: object) -> int:
+        next(a for a in args if hasattr(a, "raw")).value = answer  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+    return fn
+
+
+def _struct(**fields: object):  # type: ignore[no-untyped-def]
+    def fn(*args: object) -> int:
+        for name, answer in fields.items():
+            setattr(args[-1]._obj, name, answer)  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+    return fn
+
+
+def _fails(code: int):  # type: ignore[no-untyped-def]
+    return lambda *args: code
+
+
+class FakeLibNvml:
+    """One H100 (driver 550) with NVLink link 0 active and link 1 not."""
+
+    FIELDS: ClassVar[dict[int, int]] = {
+        pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: 2, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 10**9,
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 2 * 10**9, pynvml.NVML_FI_DEV_MEMORY_TEMP: 48}
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+        self.fields = dict(self.FIELDS)
+        self.symbols: dict[str, object] = {
+            "nvmlInitWithFlags": _out(), "nvmlShutdown": _out(),
+            "nvmlSystemGetDriverVersion": _text(b"550.54.15"), "nvmlDeviceGetCount_v2": _out(1),
+            "nvmlDeviceGetHandleByIndex_v2": _out(), "nvmlDeviceGetUUID": _text(b"GPU-fake-0"),
+            "nvmlDeviceGetName": _text(b"NVIDIA H100 80GB HBM3"),
+            "nvmlDeviceGetPciInfo_v3": _struct(busId=b"00000000:18:00.0"),
+            "nvmlDeviceGetMinorNumber": _out(0), "nvmlDeviceGetCpuAffinity": self._affinity,
+            "nvmlEventSetCreate": _out(), "nvmlDeviceRegisterEvents": _out(), "nvmlEventSetFree": _out(),
+            "nvmlEventSetWait_v2": _fails(pynvml.NVML_ERROR_TIMEOUT),
+            "nvmlDeviceGetFieldValues": self._field_values, "nvmlDeviceGetNvLinkState": self._nvlink_state,
+            "nvmlDeviceGetSamples": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "nvmlDeviceGetUtilizationRates": _struct(gpu=87),
+            "nvmlDeviceGetMemoryInfo": _struct(used=5 * 2**30, total=80 * 2**30),
+            "nvmlDeviceGetMemoryInfo_v2": self._memory_v2,
+            "nvmlDeviceGetPowerUsage": _out(350_000), "nvmlDeviceGetEnforcedPowerLimit": _out(700_000),
+            "nvmlDeviceGetTotalEnergyConsumption": _out(10**9), "nvmlDeviceGetTemperature": _out(55),
+            "nvmlDeviceGetClockInfo": self._clock, "nvmlDeviceGetViolationStatus": _struct(violationTime=0),
+            "nvmlDeviceGetTotalEccErrors": _out(0), "nvmlDeviceGetComputeRunningProcesses_v3": _out(),
+            "nvmlDeviceGetMigMode": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "nvmlDeviceGetEncoderUtilization": _out(37, 167_000), "nvmlDeviceGetDecoderUtilization": _out(12, 167_000),
+            "nvmlDeviceGetPcieReplayCounter": _out(9), "nvmlDeviceGetCurrPcieLinkGeneration": _out(4),
+            "nvmlDeviceGetMaxPcieLinkGeneration": _out(5), "nvmlDeviceGetCurrPcieLinkWidth": _out(8),
+            "nvmlDeviceGetMaxPcieLinkWidth": _out(16), "nvmlDeviceGetRemappedRows": _out(3, 1, 1, 0),
+            # an H100 remaps rows and retires no pages
+            "nvmlDeviceGetRetiredPages": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "nvmlDeviceGetRetiredPagesPendingStatus": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "nvmlDeviceGetNvLinkErrorCounter": self._nvlink_errors,
+        }
+
+    def lookup(self, name: str) -> object:
+        if name not in self.symbols:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        fn = self.symbols[name]
+
+        def recorded(*args: object) -> object:
+            self.calls.append((name, args))
+            return fn(*args)  # type: ignore[operator]
+        return recorded
+
+    def called(self, name: str) -> list[tuple[object, ...]]:
+        return [args for called, args in self.calls if called == name]
+
+    @staticmethod
+    def _affinity(handle: object, size: int, mask: object) -> int:
+        mask._obj[0] = 0b11  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    def _field_values(self, handle: object, count: object, values: object) -> int:
+        for field in values._obj:  # type: ignore[attr-defined]
+            if field.fieldId in (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX,
+                                 pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX):
+                answer: int | None = 1000 + field.scopeId
+            else:
+                answer = self.fields.get(field.fieldId)
+            if answer is None:
+                field.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            field.nvmlReturn = pynvml.NVML_SUCCESS
+            field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            field.value.ullVal = answer
+        return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _nvlink_state(handle: object, link: int, active: object) -> int:
+        active._obj.value = 1 if link == 0 else 0  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _memory_v2(handle: object, memory: object) -> int:
+        if memory._obj.version != pynvml.nvmlMemory_v2:  # type: ignore[attr-defined]
+            return pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+        memory._obj.reserved = 551 * 2**20  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _clock(handle: object, clock: object, mhz: object) -> int:
+        mhz._obj.value = {  # type: ignore[attr-defined]
+            pynvml.NVML_CLOCK_SM: 1980, pynvml.NVML_CLOCK_MEM: 2619}[clock.value]  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    @staticmethod
+    def _nvlink_errors(handle: object, link: int, counter: int, count: object) -> int:
+        count._obj.value = {0: 5, 1: 1, 2: 40, 3: 2}[counter]  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+
+@pytest.fixture
+def libnvml(monkeypatch: pytest.MonkeyPatch) -> FakeLibNvml:
+    fake = FakeLibNvml()
+    monkeypatch.setattr(pynvml, "_LoadNvmlLibrary", lambda: None)
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", fake.lookup)
+    return fake
+
+
+def _collect(times: int = 2) -> tuple[Batch, str]:
+    source = NvmlSource(NvmlLibrary())
+    for _ in range(times):
+        batch = source.collect()
+    source.close()
+    return batch, Renderer().render(batch, TEXT).decode()
+
+
+def test_the_ids_we_pass_are_nvmls() -> None:
+    assert FI_MEMORY_TEMP == pynvml.NVML_FI_DEV_MEMORY_TEMP
+    assert ARGUMENT_VERSION_MISMATCH == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+    assert NVLINK_ERRORS == {
+        pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
+        pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT: "crc_flit", pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA: "crc_data"}
+    assert RETIREMENT_CAUSES == {pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: "single_bit",
+                                 pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: "double_bit"}
+
+
+def test_health_series_through_pynvml_in_base_units(libnvml: FakeLibNvml) -> None:
+    batch, text = _collect()
+    assert batch.errors == []
+    gpu = {"gpu": "0", "uuid": "GPU-fake-0"}
+    assert value(text, "goodput_gpu_memory_clock_hertz", **gpu) == 2619e6
+    assert value(text, "goodput_gpu_sm_clock_hertz", **gpu) == 1980e6
+    assert value(text, "goodput_gpu_memory_temperature_celsius", **gpu) == 48
+    assert value(text, "goodput_gpu_memory_reserved_bytes", **gpu) == 551 * 2**20
+    assert value(text, "goodput_gpu_encoder_utilization_ratio", **gpu) == 0.37
+    assert value(text, "goodput_gpu_decoder_utilization_ratio", **gpu) == 0.12
+    assert value(text, "goodput_gpu_pcie_replays_total", **gpu) == 9
+    assert value(text, "goodput_gpu_pcie_link_generation", **gpu) == 4
+    assert value(text, "goodput_gpu_pcie_link_max_generation", **gpu) == 5
+    assert value(text, "goodput_gpu_pcie_link_width", **gpu) == 8
+    assert value(text, "goodput_gpu_pcie_link_max_width", **gpu) == 16
+    assert value(text, "goodput_gpu_remapped_rows_total", error_type="corrected", **gpu) == 3
+    assert value(text, "goodput_gpu_remapped_rows_total", error_type="uncorrected", **gpu) == 1
+    assert value(text, "goodput_gpu_row_remap_pending", **gpu) == 1
+    assert value(text, "goodput_gpu_row_remap_failure", **gpu) == 0
+    # not supported on this GPU: absent, never 0, and asked once
+    assert series(text, "goodput_gpu_retired_pages_total") == []
+    assert series(text, "goodput_gpu_retired_pages_pending") == []
+    assert len(libnvml.called("nvmlDeviceGetRetiredPages")) == 2  # once per cause, in the first collection
+    assert len(libnvml.called("nvmlDeviceGetRetiredPagesPendingStatus")) == 1
+    # the active link only, each counter by NVML's own id
+    errors = {(s["link"], s["error_type"]): value(text, "goodput_gpu_nvlink_errors_total", **s)
+              for s in series(text, "goodput_gpu_nvlink_errors_total")}
+    assert errors == {("0", "replay"): 5, ("0", "recovery"): 1, ("0", "crc_flit"): 40, ("0", "crc_data"): 2}
+    assert {(args[1], args[2]) for args in libnvml.called("nvmlDeviceGetNvLinkErrorCounter")} == {
+        (0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY), (0, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
+        (0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT), (0, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA)}
+    assert {args[1].value for args in libnvml.called("nvmlDeviceGetClockInfo")} == {  # type: ignore[attr-defined]
+        pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_MEM}
+
+
+def test_an_older_gpu_and_driver_leave_out_what_they_lack(libnvml: FakeLibNvml) -> None:
+    """A V100-era GPU on an older driver: pages retired instead of rows remapped, no memory temperature, no data
+    CRC counter, no nvmlDeviceGetMemoryInfo_v2."""
+    del libnvml.symbols["nvmlDeviceGetMemoryInfo_v2"]
+    del libnvml.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP]
+    libnvml.symbols["nvmlDeviceGetRemappedRows"] = _fails(pynvml.NVML_ERROR_NOT_SUPPORTED)
+    pages = {pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: [0x1000, 0x2000],
+             pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x3000]}
+
+    def retired(handle: object, cause: object, count: object, addresses: object) -> int:
+        found = pages[cause.value]  # type: ignore[attr-defined]
+        if addresses is None:
+            count._obj.value = len(found)  # type: ignore[attr-defined]
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if found else pynvml.NVML_SUCCESS
+        count._obj.value = len(found)  # type: ignore[attr-defined]
+        for i, address in enumerate(found):
+            addresses[i] = address  # type: ignore[index]
+        return pynvml.NVML_SUCCESS
+
+    def errors(handle: object, link: int, counter: int, count: object) -> int:
+        if counter == pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA:
+            return pynvml.NVML_ERROR_NOT_SUPPORTED
+        count._obj.value = 0  # type: ignore[attr-defined]
+        return pynvml.NVML_SUCCESS
+
+    libnvml.symbols["nvmlDeviceGetRetiredPages"] = retired
+    libnvml.symbols["nvmlDeviceGetRetiredPagesPendingStatus"] = _out(pynvml.NVML_FEATURE_ENABLED)
+    libnvml.symbols["nvmlDeviceGetNvLinkErrorCounter"] = errors
+    batch, text = _collect(3)
+    assert batch.errors == []
+    for name in ("goodput_gpu_memory_reserved_bytes", "goodput_gpu_memory_temperature_celsius",
+                 "goodput_gpu_remapped_rows_total", "goodput_gpu_row_remap_pending", "goodput_gpu_row_remap_failure"):
+        assert series(text, name) == [], name
+    assert value(text, "goodput_gpu_memory_used_bytes") == 5 * 2**30  # the v1 call still answers
+    assert value(text, "goodput_gpu_retired_pages_total", cause="single_bit") == 2
+    assert value(text, "goodput_gpu_retired_pages_total", cause="double_bit") == 1
+    assert value(text, "goodput_gpu_retired_pages_pending") == 1
+    assert {s["error_type"] for s in series(text, "goodput_gpu_nvlink_errors_total")} == {"replay", "recovery",
+                                                                                         "crc_flit"}
+    assert len(libnvml.called("nvmlDeviceGetRemappedRows")) == 1
+    data_crc = [a for a in libnvml.called("nvmlDeviceGetNvLinkErrorCounter")
+                if a[2] == pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA]
+    assert len(data_crc) == 1
+
+
+def test_a_driver_without_the_v2_memory_version_reads_as_unsupported(libnvml: FakeLibNvml) -> None:
+    libnvml.symbols["nvmlDeviceGetMemoryInfo_v2"] = _fails(pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH)
+    with pytest.raises(GpuError) as info:
+        NvmlLibrary().device_memory_reserved_bytes(None)
+    assert info.value.code == ARGUMENT_VERSION_MISMATCH
+    batch, text = _collect()
+    assert batch.errors == []
+    assert series(text, "goodput_gpu_memory_reserved_bytes") == []
+    assert len(libnvml.called("nvmlDeviceGetMemoryInfo_v2")) == 2  # one in the test above, one by the source
+
+
+def test_a_failing_health_query_is_counted_not_zero(libnvml: FakeLibNvml) -> None:
+    libnvml.symbols["nvmlDeviceGetPcieReplayCounter"] = _fails(pynvml.NVML_ERROR_UNKNOWN)
+    batch, text = _collect(1)
+    assert batch.errors == ["nvml_unknown"]
+    assert series(text, "goodput_gpu_pcie_replays_total") == []
+    assert value(text, "goodput_gpu_pcie_link_width") == 8

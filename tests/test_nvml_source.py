@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 
 import pytest
 from conftest import ManualClock, samples, series, value
@@ -10,8 +11,17 @@ from conftest import ManualClock, samples, series, value
 from exporter.core.exposition import TEXT, Renderer
 from exporter.core.source import SourceError
 from exporter.sources.nvml import metrics as c
-from exporter.sources.nvml.api import FUNCTION_NOT_FOUND, GPU_IS_LOST, NO_PERMISSION, UNKNOWN, GpuError
-from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
+from exporter.sources.nvml.api import (
+    ARGUMENT_VERSION_MISMATCH,
+    FUNCTION_NOT_FOUND,
+    GPU_IS_LOST,
+    NO_PERMISSION,
+    NOT_SUPPORTED,
+    UNKNOWN,
+    GpuError,
+)
+from exporter.sources.nvml.settings import SimulateConfig
+from exporter.sources.nvml.simulated import Pattern, SimulatedGpus, schedule_faults
 from exporter.sources.nvml.source import NvmlSource
 
 
@@ -399,3 +409,224 @@ def test_an_unreadable_mig_instance_is_counted_and_the_gpu_stays_up() -> None:
     assert batch.errors == ["nvml_unknown"]
     assert len(series(text, "goodput_gpu_mig_info")) == 2
     assert value(text, "goodput_gpu_up", gpu="0") == 1
+
+
+# --- memory, PCIe and NVLink health (issue 16) -----------------------------------------------------------------
+
+HEALTH_GAUGES = ("goodput_gpu_memory_clock_hertz", "goodput_gpu_memory_temperature_celsius",
+                 "goodput_gpu_memory_reserved_bytes", "goodput_gpu_encoder_utilization_ratio",
+                 "goodput_gpu_decoder_utilization_ratio", "goodput_gpu_pcie_link_generation",
+                 "goodput_gpu_pcie_link_max_generation", "goodput_gpu_pcie_link_width",
+                 "goodput_gpu_pcie_link_max_width", "goodput_gpu_row_remap_pending", "goodput_gpu_row_remap_failure",
+                 "goodput_gpu_retired_pages_pending", "goodput_gpu_pcie_replays_total")
+
+
+def test_a_healthy_h100_reports_memory_pcie_and_nvlink_health_in_base_units() -> None:
+    clock, _sim, source = setup(2)
+    clock.advance(2)
+    batch = source.collect()
+    assert batch.errors == []
+    text = Renderer().render(batch, TEXT).decode()
+    for name in HEALTH_GAUGES:
+        assert value(text, name, gpu="1") is not None, name
+    assert value(text, "goodput_gpu_memory_clock_hertz", gpu="0") == 2619e6
+    assert 30 <= value(text, "goodput_gpu_memory_temperature_celsius", gpu="0") < 90
+    assert value(text, "goodput_gpu_memory_reserved_bytes", gpu="0") == 512 * 2**20
+    assert value(text, "goodput_gpu_encoder_utilization_ratio", gpu="0") == 0
+    assert value(text, "goodput_gpu_decoder_utilization_ratio", gpu="0") == 0
+    # gen 5 x16, busy, so at its maximum
+    assert value(text, "goodput_gpu_pcie_link_generation", gpu="0") == 5
+    assert value(text, "goodput_gpu_pcie_link_max_generation", gpu="0") == 5
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="0") == 16
+    assert value(text, "goodput_gpu_pcie_link_max_width", gpu="0") == 16
+    assert value(text, "goodput_gpu_pcie_replays_total", gpu="0") == 0
+    rows = {s["error_type"]: value(text, "goodput_gpu_remapped_rows_total", gpu="0", error_type=s["error_type"])
+            for s in series(text, "goodput_gpu_remapped_rows_total") if s["gpu"] == "0"}
+    assert rows == {"corrected": 0, "uncorrected": 0}
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="0") == 0
+    assert value(text, "goodput_gpu_row_remap_failure", gpu="0") == 0
+    assert {s["cause"] for s in series(text, "goodput_gpu_retired_pages_total") if s["gpu"] == "0"} == \
+        {"single_bit", "double_bit"}
+    assert value(text, "goodput_gpu_retired_pages_pending", gpu="0") == 0
+    # every active link (18 on an H100), each of the four data-link counters
+    errors = [s for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"]
+    assert len(errors) == 18 * 4
+    assert {s["error_type"] for s in errors} == {"replay", "recovery", "crc_flit", "crc_data"}
+    assert {value(text, "goodput_gpu_nvlink_errors_total", gpu="0", link=s["link"], error_type=s["error_type"])
+            for s in errors} == {0}
+
+
+def test_an_idle_gpu_drops_its_pcie_generation_but_not_its_width() -> None:
+    clock, sim, source = setup(2, pattern="square", busy=0.1, idle=0.1)
+    sim.set_pattern(1, Pattern([(1.0, 0)]))  # never busy
+    clock.advance(3)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_pcie_link_generation", gpu="1") == 1
+    assert value(text, "goodput_gpu_pcie_link_max_generation", gpu="1") == 5
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="1") == 16
+    assert value(text, "goodput_gpu_pcie_link_generation", gpu="0") == 5  # busy half the time: at its maximum
+
+
+def test_row_remap_pending_until_a_reset_and_the_row_counted_for_good() -> None:
+    clock, sim, source = setup(2)
+    clock.advance(1)
+    scrape(source)
+    sim.remap_row(1)  # after an uncorrectable error
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="1") == 1
+    assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="uncorrected") == 1
+    assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="corrected") == 0
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="0") == 0
+    sim.remap_row(1, uncorrected=False)
+    sim.reset(1)
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="1") == 0
+    assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="uncorrected") == 1  # remapped for good
+    assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="corrected") == 1
+    sim.fail_row_remap(1)
+    sim.retire_page(0)
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_row_remap_failure", gpu="1") == 1
+    assert value(text, "goodput_gpu_retired_pages_total", gpu="0", cause="double_bit") == 1
+    assert value(text, "goodput_gpu_retired_pages_pending", gpu="0") == 1
+
+
+def test_a_degraded_pcie_link_trains_below_its_maximum() -> None:
+    clock, sim, source = setup(2, pattern="square", busy=0.4, idle=0.1)
+    sim.degrade_pcie(0)
+    clock.advance(2)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_pcie_link_generation", gpu="0") == 3
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="0") == 8
+    assert value(text, "goodput_gpu_pcie_link_max_generation", gpu="0") == 5
+    assert value(text, "goodput_gpu_pcie_link_max_width", gpu="0") == 16
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="1") == 16
+    sim.inject_pcie_replays(0, 7)
+    sim.restore_pcie(0)
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="0") == 16
+    assert value(text, "goodput_gpu_pcie_replays_total", gpu="0") == 7
+    with pytest.raises(ValueError, match="beyond"):
+        sim.degrade_pcie(0, generation=6)
+
+
+def test_nvlink_errors_rise_on_one_link_and_stay_counted() -> None:
+    clock, sim, source = setup(2)
+    clock.advance(1)
+    scrape(source)
+    sim.nvlink_errors(1, link=3, seconds=10)
+    clock.advance(5)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 1000
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="replay") == 10
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="recovery") == 0
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="2", error_type="crc_flit") == 0
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="0", link="3", error_type="crc_flit") == 0
+    clock.advance(20)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2000
+    sim.nvlink_errors(1, link=3, seconds=60)
+    clock.advance(1)
+    sim.stop_nvlink_errors(1)
+    clock.advance(10)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2200
+
+
+def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> None:
+    clock, sim, source = setup(2)
+    sim.set_unsupported(0, "device_remapped_rows", "device_retired_pages", "device_retired_pages_pending",
+                        "device_memory_reserved_bytes", "device_encoder_utilization_percent",
+                        "device_pcie_replay_count", "device_pcie_link_generation", "device_memory_clock_mhz",
+                        "field:82")
+    calls = {"n": 0}
+    original = sim.device_nvlink_error_count
+
+    def counting(handle, link, counter):  # type: ignore[no-untyped-def]
+        calls["n"] += 1
+        if handle.index == 0 and link == 5:
+            raise GpuError(NOT_SUPPORTED, "not on this link")
+        return original(handle, link, counter)
+
+    sim.device_nvlink_error_count = counting  # type: ignore[method-assign]
+    for _ in range(3):
+        clock.advance(1)
+        batch = source.collect()
+    assert batch.errors == []
+    text = Renderer().render(batch, TEXT).decode()
+    for name in ("goodput_gpu_row_remap_pending", "goodput_gpu_row_remap_failure", "goodput_gpu_retired_pages_pending",
+                 "goodput_gpu_memory_reserved_bytes", "goodput_gpu_encoder_utilization_ratio",
+                 "goodput_gpu_pcie_replays_total", "goodput_gpu_pcie_link_generation",
+                 "goodput_gpu_memory_clock_hertz", "goodput_gpu_memory_temperature_celsius"):
+        assert value(text, name, gpu="0") is None, name
+        assert value(text, name, gpu="1") is not None, name
+    for name in ("goodput_gpu_remapped_rows_total", "goodput_gpu_retired_pages_total"):
+        assert [s for s in series(text, name) if s["gpu"] == "0"] == [], name
+    assert value(text, "goodput_gpu_decoder_utilization_ratio", gpu="0") is not None  # only the encoder is missing
+    assert value(text, "goodput_gpu_pcie_link_max_generation", gpu="0") is not None
+    links = {s["link"] for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"}
+    assert "5" not in links and len(links) == 17
+    assert calls["n"] == 3 * 2 * 18 * 4 - 2 * 4  # link 5 of GPU 0 asked once, not in the 2 rounds after
+
+
+def test_a_driver_without_the_v2_memory_structure_has_no_reserved_memory() -> None:
+    clock, sim, source = setup(1)
+    sim.fail("device_memory_reserved_bytes", ARGUMENT_VERSION_MISMATCH)
+    for _ in range(2):
+        clock.advance(1)
+        batch = source.collect()
+        assert batch.errors == []
+    text = Renderer().render(batch, TEXT).decode()
+    assert value(text, "goodput_gpu_memory_reserved_bytes", gpu="0") is None
+    assert value(text, "goodput_gpu_memory_used_bytes", gpu="0") is not None
+    assert "memory_reserved" in source._gpus[0].unsupported
+
+
+def test_a_failing_nvlink_error_read_is_counted_and_absent_that_round_only() -> None:
+    clock, sim, source = setup(1)
+    clock.advance(1)
+    sim.fail("device_nvlink_error_count", UNKNOWN, calls=1)
+    batch = source.collect()
+    assert batch.errors == ["nvml_unknown"]
+    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4 - 1
+    clock.advance(1)
+    batch = source.collect()
+    assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4
+
+
+def test_lost_gpu_withdraws_its_health_series() -> None:
+    clock, sim, source = setup(2)
+    clock.advance(1)
+    scrape(source)
+    sim.remap_row(1)
+    sim.lose(1)
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_up", gpu="1") == 0
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="1") is None
+    assert [s for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "1"] == []
+
+
+def test_scheduled_health_faults_reach_the_simulated_gpus() -> None:
+    config = SimulateConfig.model_validate({"gpus": 3, "faults": [
+        {"at": "1ms", "gpu": 0, "kind": "row_remap_pending"},
+        {"at": "1ms", "gpu": 1, "kind": "pcie_degraded"},
+        {"at": "1ms", "gpu": 2, "kind": "nvlink_errors", "link": 4, "duration": "1m"}]})
+    clock = ManualClock()
+    sim = SimulatedGpus(3, clock=clock, pattern="square", busy=0.4, idle=0.1)
+    source = NvmlSource(sim, clock=clock)
+    stop = threading.Event()
+    schedule_faults(sim, config.faults, stop).join(5)
+    clock.advance(10)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_row_remap_pending", gpu="0") == 1
+    assert value(text, "goodput_gpu_remapped_rows_total", gpu="0", error_type="uncorrected") == 1
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="1") == 8
+    assert value(text, "goodput_gpu_pcie_link_generation", gpu="1") == 3
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="2", link="4", error_type="crc_flit") == 2000
+    with pytest.raises(ValueError, match="link"):
+        SimulateConfig.model_validate({"gpus": 1, "faults": [{"at": "1ms", "kind": "nvlink_errors", "link": 18}]})

@@ -19,6 +19,7 @@ TIMEOUT = 10
 LIBRARY_NOT_FOUND = 12
 FUNCTION_NOT_FOUND = 13  # the driver is older than the call
 GPU_IS_LOST = 15
+ARGUMENT_VERSION_MISMATCH = 25  # the driver has the call but not this version of its structure
 UNKNOWN = 999
 
 ERROR_NAMES = {
@@ -30,6 +31,7 @@ ERROR_NAMES = {
     LIBRARY_NOT_FOUND: "library_not_found",
     FUNCTION_NOT_FOUND: "function_not_found",
     GPU_IS_LOST: "gpu_is_lost",
+    ARGUMENT_VERSION_MISMATCH: "argument_version_mismatch",
     UNKNOWN: "unknown",
 }
 
@@ -43,7 +45,22 @@ THROTTLE_REASONS = {
     5: "reliability",
 }
 
+# Retired-page causes (nvmlPageRetirementCause_t) -> our `cause` label.
+RETIREMENT_CAUSES = {
+    0: "single_bit",  # NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+    1: "double_bit",  # NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+}
+
+# NVLink data-link error counters (nvmlNvLinkErrorCounter_t) -> our `error_type` label.
+NVLINK_ERRORS = {
+    0: "replay",  # NVML_NVLINK_ERROR_DL_REPLAY
+    1: "recovery",  # NVML_NVLINK_ERROR_DL_RECOVERY
+    2: "crc_flit",  # NVML_NVLINK_ERROR_DL_CRC_FLIT
+    3: "crc_data",  # NVML_NVLINK_ERROR_DL_CRC_DATA
+}
+
 # NVML field ids used through nvmlDeviceGetFieldValues.
+FI_MEMORY_TEMP = 82
 FI_NVLINK_LINK_COUNT = 91
 FI_NVLINK_DATA_TX_KIB = 138
 FI_NVLINK_DATA_RX_KIB = 139
@@ -114,14 +131,60 @@ class GpuBackend(Protocol):
     def device_energy_millijoules(self, handle: Handle) -> int: ...
     def device_temperature_celsius(self, handle: Handle) -> int: ...
     def device_sm_clock_mhz(self, handle: Handle) -> int: ...
+    def device_memory_clock_mhz(self, handle: Handle) -> int: ...
     def device_violation_nanoseconds(self, handle: Handle, policy: int) -> int: ...
     def device_ecc_errors(self, handle: Handle, uncorrected: bool) -> int: ...
+
+    def device_memory_reserved_bytes(self, handle: Handle) -> int:
+        """Frame-buffer memory the driver and firmware reserve (nvmlDeviceGetMemoryInfo_v2)."""
+        ...
+
+    def device_encoder_utilization_percent(self, handle: Handle) -> int: ...
+    def device_decoder_utilization_percent(self, handle: Handle) -> int: ...
+
+    def device_pcie_replay_count(self, handle: Handle) -> int:
+        """PCIe replays (retransmissions after link errors) since the driver was loaded."""
+        ...
+
+    def device_pcie_link_generation(self, handle: Handle) -> int:
+        """The generation the link runs at now (many boards drop it while idle, to save power)."""
+        ...
+
+    def device_pcie_link_max_generation(self, handle: Handle) -> int:
+        """The highest generation this GPU and the slot it sits in can both run."""
+        ...
+
+    def device_pcie_link_width(self, handle: Handle) -> int:
+        """Lanes the link runs on now."""
+        ...
+
+    def device_pcie_link_max_width(self, handle: Handle) -> int:
+        """The most lanes this GPU and the slot it sits in can both run."""
+        ...
+
+    def device_remapped_rows(self, handle: Handle) -> tuple[int, int, int, int]:
+        """(rows remapped after correctable errors, after uncorrectable ones, a remap pending 0/1, a remap
+        failed 0/1): Ampere and later."""
+        ...
+
+    def device_retired_pages(self, handle: Handle, cause: int) -> int:
+        """Pages retired for `cause` (a key of RETIREMENT_CAUSES): before Ampere."""
+        ...
+
+    def device_retired_pages_pending(self, handle: Handle) -> int:
+        """1 when a page waits for a reset (or reboot) to be retired, else 0."""
+        ...
 
     def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | None]:
         """Integer values of (field id, scope id) pairs; None where the field is not supported."""
         ...
 
     def device_nvlink_active(self, handle: Handle, link: int) -> bool: ...
+
+    def device_nvlink_error_count(self, handle: Handle, link: int, counter: int) -> int:
+        """A data-link error counter of the link (`counter`: a key of NVLINK_ERRORS)."""
+        ...
+
     def device_compute_processes(self, handle: Handle) -> list[Process]: ...
     def device_cpu_affinity(self, handle: Handle) -> frozenset[int]: ...
     def device_mig_enabled(self, handle: Handle) -> bool: ...

@@ -135,6 +135,10 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_SM))
 
     @_translated
+    def device_memory_clock_mhz(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
+
+    @_translated
     def device_violation_nanoseconds(self, handle: Handle, policy: int) -> int:
         return int(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
 
@@ -145,12 +149,67 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC))
 
     @_translated
+    def device_memory_reserved_bytes(self, handle: Handle) -> int:
+        # the v2 structure (driver 510+); an older driver lacks the call (FUNCTION_NOT_FOUND) or the version
+        # (ARGUMENT_VERSION_MISMATCH): both read as unsupported
+        return int(pynvml.nvmlDeviceGetMemoryInfo(handle, version=pynvml.nvmlMemory_v2).reserved)
+
+    @_translated
+    def device_encoder_utilization_percent(self, handle: Handle) -> int:
+        utilization, _sampling_period_us = pynvml.nvmlDeviceGetEncoderUtilization(handle)
+        return int(utilization)
+
+    @_translated
+    def device_decoder_utilization_percent(self, handle: Handle) -> int:
+        utilization, _sampling_period_us = pynvml.nvmlDeviceGetDecoderUtilization(handle)
+        return int(utilization)
+
+    @_translated
+    def device_pcie_replay_count(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))
+
+    @_translated
+    def device_pcie_link_generation(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetCurrPcieLinkGeneration(handle))
+
+    @_translated
+    def device_pcie_link_max_generation(self, handle: Handle) -> int:
+        # the device's and the system's maximum (a gen 5 GPU in a gen 4 slot says 4), not
+        # nvmlDeviceGetGpuMaxPcieLinkGeneration (the GPU's alone): only a link below what the slot allows is degraded
+        return int(pynvml.nvmlDeviceGetMaxPcieLinkGeneration(handle))
+
+    @_translated
+    def device_pcie_link_width(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetCurrPcieLinkWidth(handle))
+
+    @_translated
+    def device_pcie_link_max_width(self, handle: Handle) -> int:
+        return int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
+
+    @_translated
+    def device_remapped_rows(self, handle: Handle) -> tuple[int, int, int, int]:
+        corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
+        return int(corrected), int(uncorrected), 1 if pending else 0, 1 if failure else 0
+
+    @_translated
+    def device_retired_pages(self, handle: Handle, cause: int) -> int:
+        return len(pynvml.nvmlDeviceGetRetiredPages(handle, cause))
+
+    @_translated
+    def device_retired_pages_pending(self, handle: Handle) -> int:
+        return 1 if pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle) == pynvml.NVML_FEATURE_ENABLED else 0
+
+    @_translated
     def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | None]:
         return [_field_int(f) for f in pynvml.nvmlDeviceGetFieldValues(handle, fields)]
 
     @_translated
     def device_nvlink_active(self, handle: Handle, link: int) -> bool:
         return bool(pynvml.nvmlDeviceGetNvLinkState(handle, link))
+
+    @_translated
+    def device_nvlink_error_count(self, handle: Handle, link: int, counter: int) -> int:
+        return int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter))
 
     @_translated
     def device_compute_processes(self, handle: Handle) -> list[Process]:

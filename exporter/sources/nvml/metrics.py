@@ -34,6 +34,10 @@ GPU_MEMORY_USED = _m(
     "goodput_gpu_memory_used_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory in use.", GPU)
 GPU_MEMORY_TOTAL = _m(
     "goodput_gpu_memory_total_bytes", Kind.GAUGE, "bytes", "Frame-buffer memory installed.", GPU)
+GPU_MEMORY_RESERVED = _m(
+    "goodput_gpu_memory_reserved_bytes", Kind.GAUGE, "bytes",
+    "Frame-buffer memory the driver and firmware set aside, which no process can allocate (part of "
+    "goodput_gpu_memory_used_bytes); absent where the driver lacks nvmlDeviceGetMemoryInfo_v2.", GPU)
 GPU_POWER = _m(
     "goodput_gpu_power_watts", Kind.GAUGE, "watts", "Power draw of the board.", GPU)
 GPU_POWER_LIMIT = _m(
@@ -45,8 +49,19 @@ GPU_ENERGY = _m(
     "Energy used since the driver was loaded (NVML total energy counter).", GPU)
 GPU_TEMPERATURE = _m(
     "goodput_gpu_temperature_celsius", Kind.GAUGE, "celsius", "GPU core temperature.", GPU)
+GPU_MEMORY_TEMPERATURE = _m(
+    "goodput_gpu_memory_temperature_celsius", Kind.GAUGE, "celsius",
+    "GPU memory (HBM) temperature; absent where the GPU does not report it.", GPU)
 GPU_SM_CLOCK = _m(
     "goodput_gpu_sm_clock_hertz", Kind.GAUGE, "hertz", "Current SM clock.", GPU)
+GPU_MEMORY_CLOCK = _m(
+    "goodput_gpu_memory_clock_hertz", Kind.GAUGE, "hertz", "Current memory clock.", GPU)
+GPU_ENCODER_UTILIZATION = _m(
+    "goodput_gpu_encoder_utilization_ratio", Kind.GAUGE, "ratio",
+    "Share of NVML's last sample period in which the video encoder (NVENC) ran (0-1).", GPU)
+GPU_DECODER_UTILIZATION = _m(
+    "goodput_gpu_decoder_utilization_ratio", Kind.GAUGE, "ratio",
+    "Share of NVML's last sample period in which the video decoder (NVDEC) ran (0-1).", GPU)
 GPU_THROTTLE_SECONDS = _m(
     "goodput_gpu_clock_throttle_seconds_total", Kind.COUNTER, "seconds",
     "Seconds the clocks were held below their target, by reason (NVML violation counters): power, "
@@ -57,6 +72,27 @@ GPU_ECC_ERRORS = _m(
     "ECC memory errors since the driver was loaded (volatile counters), error_type corrected or "
     "uncorrected.",
     (*GPU, "error_type"))
+GPU_REMAPPED_ROWS = _m(
+    "goodput_gpu_remapped_rows_total", Kind.COUNTER, "",
+    "Memory rows remapped to spare rows over the GPU's life, by the ECC errors that caused it (error_type "
+    "corrected or uncorrected); Ampere and later.",
+    (*GPU, "error_type"))
+GPU_ROW_REMAP_PENDING = _m(
+    "goodput_gpu_row_remap_pending", Kind.GAUGE, "",
+    "1 while a row remap waits for a GPU reset to take effect (the GPU needs a reset), else 0; Ampere and later.",
+    GPU)
+GPU_ROW_REMAP_FAILURE = _m(
+    "goodput_gpu_row_remap_failure", Kind.GAUGE, "",
+    "1 once a row could not be remapped (no spare row left: the GPU needs replacing), else 0; Ampere and later.",
+    GPU)
+GPU_RETIRED_PAGES = _m(
+    "goodput_gpu_retired_pages_total", Kind.COUNTER, "",
+    "Memory pages retired over the GPU's life, by cause: single_bit (repeated corrected errors) or double_bit "
+    "(an uncorrected error); before Ampere, which remaps rows instead.",
+    (*GPU, "cause"))
+GPU_RETIRED_PAGES_PENDING = _m(
+    "goodput_gpu_retired_pages_pending", Kind.GAUGE, "",
+    "1 while a page waits for a GPU reset (or reboot) to be retired, else 0; before Ampere.", GPU)
 GPU_XID_ERRORS = _m(
     "goodput_gpu_xid_errors_total", Kind.COUNTER, "",
     "Critical XID error events received from NVML since the exporter started, by XID code.",
@@ -70,12 +106,35 @@ GPU_PCIE_TX = _m(
 GPU_PCIE_RX = _m(
     "goodput_gpu_pcie_receive_bytes_total", Kind.COUNTER, "bytes",
     "Bytes the GPU received over PCIe (NVML field counters; absent where the GPU has none).", GPU)
+GPU_PCIE_REPLAYS = _m(
+    "goodput_gpu_pcie_replays_total", Kind.COUNTER, "",
+    "PCIe packets the GPU resent after link errors (NVML replay counter). A steady rise means a marginal "
+    "link: riser, slot or cable.", GPU)
+GPU_PCIE_LINK_GENERATION = _m(
+    "goodput_gpu_pcie_link_generation", Kind.GAUGE, "",
+    "PCIe generation the GPU's link runs at now. Many boards drop it while idle to save power; below "
+    "goodput_gpu_pcie_link_max_generation while busy, the link trained slower than it can run.", GPU)
+GPU_PCIE_LINK_MAX_GENERATION = _m(
+    "goodput_gpu_pcie_link_max_generation", Kind.GAUGE, "",
+    "Highest PCIe generation the GPU and its slot can both run.", GPU)
+GPU_PCIE_LINK_WIDTH = _m(
+    "goodput_gpu_pcie_link_width", Kind.GAUGE, "",
+    "PCIe lanes the GPU's link runs on now; below goodput_gpu_pcie_link_max_width, host-device bandwidth is "
+    "cut in proportion.", GPU)
+GPU_PCIE_LINK_MAX_WIDTH = _m(
+    "goodput_gpu_pcie_link_max_width", Kind.GAUGE, "",
+    "Most PCIe lanes the GPU and its slot can both run.", GPU)
 GPU_NVLINK_TX = _m(
     "goodput_gpu_nvlink_transmit_bytes_total", Kind.COUNTER, "bytes",
     "Data bytes sent on each active NVLink link.", (*GPU, "link"))
 GPU_NVLINK_RX = _m(
     "goodput_gpu_nvlink_receive_bytes_total", Kind.COUNTER, "bytes",
     "Data bytes received on each active NVLink link.", (*GPU, "link"))
+GPU_NVLINK_ERRORS = _m(
+    "goodput_gpu_nvlink_errors_total", Kind.COUNTER, "",
+    "Data-link errors on each active NVLink link since the driver was loaded, by error_type: crc_flit and "
+    "crc_data (corrupted flits and data, each resent), replay (resends), recovery (the link retrained).",
+    (*GPU, "link", "error_type"))
 GPU_ALLOCATED = _m(
     "goodput_gpu_allocated", Kind.GAUGE, "",
     "1 when at least one compute process holds the GPU, else 0.", GPU)

@@ -13,18 +13,23 @@ class NvmlConfig(SourceConfig):
     pass
 
 
-FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise"]
+FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise", "row_remap_pending", "pcie_degraded",
+                    "nvlink_errors"]
 
 
 class FaultSpec(Section):
     at: Duration = Field(description="Seconds after start when the fault is injected.")
     gpu: int = Field(0, ge=0, description="GPU index.")
-    kind: FaultKind
+    kind: FaultKind = Field(description=(
+        "One of: lost, xid, ecc, throttle, hang (NVML calls block), raise, row_remap_pending (an uncorrectable "
+        "error's row remap waits for a reset), pcie_degraded (the PCIe link trains at gen 3 x8, below gen 5 x16), "
+        "nvlink_errors (CRC and replay errors rise on a link)."))
     xid: int = Field(79, ge=0, description="XID code for kind=xid.")
     count: int = Field(1, ge=1, description="Number of errors for kind=ecc / xid.")
     uncorrected: bool = Field(False, description="For kind=ecc: uncorrected errors.")
     reason: Literal["power", "thermal"] = Field("thermal", description="For kind=throttle.")
-    duration: Duration = Field(30.0, description="How long a throttle or hang lasts.")
+    duration: Duration = Field(30.0, description="How long a throttle, hang or burst of NVLink errors lasts.")
+    link: int = Field(0, ge=0, lt=18, description="For kind=nvlink_errors: the NVLink link (a simulated H100 has 18).")
 
 
 def simulate_shorthand(value: Any) -> Any:

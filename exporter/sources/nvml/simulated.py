@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .api import (
+    FI_MEMORY_TEMP,
     FI_NVLINK_DATA_RX_KIB,
     FI_NVLINK_DATA_TX_KIB,
     FI_NVLINK_LINK_COUNT,
@@ -34,6 +35,7 @@ from .api import (
     GPU_IS_LOST,
     NOT_FOUND,
     NOT_SUPPORTED,
+    NVLINK_ERRORS,
     GpuError,
     Process,
     XidEvent,
@@ -52,6 +54,14 @@ SAMPLE_PERIOD_US = 166_667  # NVML refreshes GPU utilization about six times a s
 SAMPLE_BUFFER = 120  # samples NVML keeps; a poller slower than 20 s loses some, as with the driver
 SAMPLE_CACHE = 8  # samples the simulator keeps computed per GPU (the newest is asked for several times a poll)
 THROTTLE_POLICY = {"power": 0, "thermal": 1}
+MEMORY_CLOCK_MHZ = 2619  # HBM3 of an H100 SXM
+MEMORY_RESERVED = 512 * 2**20  # set aside by the driver and firmware (part of the used memory NVML's v1 call reports)
+PCIE_GENERATION = 5  # an H100 SXM in a PCIe 5 host: gen 5 x16
+PCIE_WIDTH = 16
+PCIE_IDLE_GENERATION = 1  # the link drops to gen 1 once the GPU has idled a second, as boards do to save power
+PCIE_IDLE_SECONDS = 1.0
+# A burst of NVLink errors (`nvlink_errors`): errors per second on the link, by NVLINK_ERRORS counter
+NVLINK_ERROR_RATES = {"replay": 2.0, "recovery": 0.0, "crc_flit": 200.0, "crc_data": 20.0}
 MIG_PROFILES = {"1g.10gb": 10, "2g.20gb": 20, "3g.40gb": 40, "4g.40gb": 40, "7g.80gb": 80}
 
 
@@ -80,6 +90,7 @@ PCIE_RX_BUSY_BYTES_PER_SECOND = 3e9
 NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK = 10 * 2**30
 MEMORY_PHASE_SHARE = 0.2  # of each training step's compute: the optimizer update, memory-bound
 _NVLINK_DATA = -1  # in a field plan (SimulatedGpus._field_plan): a link's data counter
+_MEMORY_TEMP = 4  # in a field plan: the memory temperature (computed only when asked for)
 
 
 class Pattern:
@@ -204,6 +215,16 @@ class _Gpu:
     unsupported: set[str] = field(default_factory=set)
     processes: dict[int, int] = field(default_factory=dict)
     ecc: list[int] = field(default_factory=lambda: [0, 0])
+    remapped_rows: list[int] = field(default_factory=lambda: [0, 0])  # corrected, uncorrected
+    row_remap_pending: int = 0
+    row_remap_failure: int = 0
+    # H100s remap rows and retire no pages (NVML says not supported there); the simulator has both, at 0 until a
+    # fault, so that every series shows (set_unsupported takes them away)
+    retired_pages: list[int] = field(default_factory=lambda: [0, 0])  # single bit, double bit
+    retired_pages_pending: int = 0
+    pcie_replays: int = 0
+    pcie_degraded: tuple[int, int] | None = None  # the (generation, width) the link trained at, below the maximum
+    nvlink_bursts: list[tuple[int, float, float]] = field(default_factory=list)  # link, start, end
     throttles: list[tuple[int, float, float]] = field(default_factory=list)  # policy, start, end
     registered: bool = False
     mig: list[_Mig] = field(default_factory=list)
@@ -348,6 +369,53 @@ class SimulatedGpus:
     def throttle(self, index: int, reason: str, seconds: float) -> None:
         now = self._clock()
         self._gpus[index].throttles.append((THROTTLE_POLICY[reason], now, now + seconds))
+
+    def remap_row(self, index: int, uncorrected: bool = True) -> None:
+        """A row remapped after an ECC error; after an uncorrectable one it waits for a GPU reset (pending)."""
+        gpu = self._gpus[index]
+        gpu.remapped_rows[1 if uncorrected else 0] += 1
+        if uncorrected:
+            gpu.row_remap_pending = 1
+
+    def fail_row_remap(self, index: int) -> None:
+        """A row that could not be remapped: no spare row left."""
+        self._gpus[index].row_remap_failure = 1
+
+    def retire_page(self, index: int, double_bit: bool = True) -> None:
+        """A page retired (pre-Ampere GPUs), pending until the GPU is reset."""
+        gpu = self._gpus[index]
+        gpu.retired_pages[1 if double_bit else 0] += 1
+        gpu.retired_pages_pending = 1
+
+    def reset(self, index: int) -> None:
+        """A GPU reset: pending row remaps and page retirements take effect."""
+        gpu = self._gpus[index]
+        gpu.row_remap_pending = gpu.retired_pages_pending = 0
+
+    def degrade_pcie(self, index: int, generation: int = 3, width: int = 8) -> None:
+        """The PCIe link trained below its maximum (a marginal riser, slot or cable)."""
+        if not (1 <= generation <= PCIE_GENERATION and 1 <= width <= PCIE_WIDTH):
+            raise ValueError(f"gen {generation} x{width} is beyond the link's gen {PCIE_GENERATION} x{PCIE_WIDTH}")
+        self._gpus[index].pcie_degraded = (generation, width)
+
+    def restore_pcie(self, index: int) -> None:
+        self._gpus[index].pcie_degraded = None
+
+    def inject_pcie_replays(self, index: int, count: int = 1) -> None:
+        self._gpus[index].pcie_replays += count
+
+    def nvlink_errors(self, index: int, link: int = 0, seconds: float = 30.0) -> None:
+        """NVLink CRC and replay errors rising on `link` for `seconds` (NVLINK_ERROR_RATES)."""
+        if not 0 <= link < NVLINKS:
+            raise ValueError(f"no NVLink link {link} (links 0-{NVLINKS - 1})")
+        now = self._clock()
+        self._gpus[index].nvlink_bursts.append((link, now, now + seconds))
+
+    def stop_nvlink_errors(self, index: int) -> None:
+        """End the bursts of NVLink errors now (the counters keep what they counted)."""
+        now = self._clock()
+        gpu = self._gpus[index]
+        gpu.nvlink_bursts = [(link, start, min(end, now)) for link, start, end in gpu.nvlink_bursts]
 
     def attach_process(self, index: int, pid: int, used_memory_bytes: int = 60 * 2**30) -> None:
         self._gpus[index].processes[pid] = used_memory_bytes
@@ -559,6 +627,57 @@ class SimulatedGpus:
             return 1275
         return 1980
 
+    def device_memory_clock_mhz(self, handle: _Gpu) -> int:
+        self._check("device_memory_clock_mhz", handle)
+        return MEMORY_CLOCK_MHZ  # HBM stays at its clock, busy or idle
+
+    def device_memory_reserved_bytes(self, handle: _Gpu) -> int:
+        self._check("device_memory_reserved_bytes", handle)
+        return MEMORY_RESERVED
+
+    def device_encoder_utilization_percent(self, handle: _Gpu) -> int:
+        self._check("device_encoder_utilization_percent", handle)
+        return 0  # a training job does not touch the video engines
+
+    def device_decoder_utilization_percent(self, handle: _Gpu) -> int:
+        self._check("device_decoder_utilization_percent", handle)
+        return 0
+
+    def device_pcie_replay_count(self, handle: _Gpu) -> int:
+        self._check("device_pcie_replay_count", handle)
+        return handle.pcie_replays
+
+    def device_pcie_link_generation(self, handle: _Gpu) -> int:
+        self._check("device_pcie_link_generation", handle)
+        if self._busy(handle, PCIE_IDLE_SECONDS) < 1e-9 and self._clock() - self._start >= PCIE_IDLE_SECONDS:
+            return PCIE_IDLE_GENERATION
+        return handle.pcie_degraded[0] if handle.pcie_degraded else PCIE_GENERATION
+
+    def device_pcie_link_max_generation(self, handle: _Gpu) -> int:
+        self._check("device_pcie_link_max_generation", handle)
+        return PCIE_GENERATION
+
+    def device_pcie_link_width(self, handle: _Gpu) -> int:
+        self._check("device_pcie_link_width", handle)
+        return handle.pcie_degraded[1] if handle.pcie_degraded else PCIE_WIDTH
+
+    def device_pcie_link_max_width(self, handle: _Gpu) -> int:
+        self._check("device_pcie_link_max_width", handle)
+        return PCIE_WIDTH
+
+    def device_remapped_rows(self, handle: _Gpu) -> tuple[int, int, int, int]:
+        self._check("device_remapped_rows", handle)
+        corrected, uncorrected = handle.remapped_rows
+        return corrected, uncorrected, handle.row_remap_pending, handle.row_remap_failure
+
+    def device_retired_pages(self, handle: _Gpu, cause: int) -> int:
+        self._check("device_retired_pages", handle)
+        return handle.retired_pages[cause]
+
+    def device_retired_pages_pending(self, handle: _Gpu) -> int:
+        self._check("device_retired_pages_pending", handle)
+        return handle.retired_pages_pending
+
     def device_violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
         self._check("device_violation_nanoseconds", handle)
         if not handle.throttles:
@@ -583,12 +702,21 @@ class SimulatedGpus:
         plan = handle.field_plan
         if plan is None or plan[0] != fields:
             plan = handle.field_plan = (list(fields), self._field_plan(handle, fields))
+        if any(kind == _MEMORY_TEMP for kind, _ in plan[1]):
+            answers = (*answers, self._memory_temperature(handle))
         return [int(nvlink_kib + scope) if kind == _NVLINK_DATA else answers[kind] for kind, scope in plan[1]]
+
+    def _memory_temperature(self, handle: _Gpu) -> int:
+        """HBM runs a little cooler than the core, and follows the same recent load."""
+        window = min(60.0, max(self._clock() - self._start, 1e-9))
+        recent = self._busy(handle, 60.0) / window
+        hot = 15 if self._throttled(handle, THROTTLE_POLICY["thermal"]) else 0
+        return int(30 + 30 * recent + hot)
 
     @staticmethod
     def _field_plan(handle: _Gpu, fields: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """What answers each field: (_NVLINK_DATA, link) for a link's KiB counter, else (index into the
-        answers: none, link count, PCIe TX bytes, PCIe RX bytes, 0)."""
+        answers: none, link count, PCIe TX bytes, PCIe RX bytes, memory temperature (_MEMORY_TEMP), 0)."""
         plan = []
         for field_id, scope in fields:
             if f"field:{field_id}" in handle.unsupported:
@@ -601,6 +729,8 @@ class SimulatedGpus:
                 plan.append((2, 0))
             elif field_id == FI_PCIE_RX_BYTES:
                 plan.append((3, 0))
+            elif field_id == FI_MEMORY_TEMP:
+                plan.append((_MEMORY_TEMP, 0))
             else:
                 plan.append((0, 0))
         return plan
@@ -608,6 +738,17 @@ class SimulatedGpus:
     def device_nvlink_active(self, handle: _Gpu, link: int) -> bool:
         self._check("device_nvlink_active", handle)
         return link < NVLINKS
+
+    def device_nvlink_error_count(self, handle: _Gpu, link: int, counter: int) -> int:
+        self._check("device_nvlink_error_count", handle)
+        if not 0 <= link < NVLINKS:
+            raise GpuError(NOT_SUPPORTED, f"no NVLink link {link}")
+        if not handle.nvlink_bursts:
+            return 0
+        rate = NVLINK_ERROR_RATES[NVLINK_ERRORS[counter]]
+        now = self._clock()
+        return int(sum(rate * max(0.0, min(now, end) - start)
+                       for burst_link, start, end in handle.nvlink_bursts if burst_link == link))
 
     def device_compute_processes(self, handle: _Gpu) -> list[Process]:
         self._check("device_compute_processes", handle)
@@ -665,6 +806,12 @@ def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event) -> 
                     sim.hang("*", fault.duration, gpu=fault.gpu)
                 case "raise":
                     sim.fail("*", 999, gpu=fault.gpu, calls=fault.count)
+                case "row_remap_pending":
+                    sim.remap_row(fault.gpu, uncorrected=True)
+                case "pcie_degraded":
+                    sim.degrade_pcie(fault.gpu)
+                case "nvlink_errors":
+                    sim.nvlink_errors(fault.gpu, fault.link, fault.duration)
 
     thread = threading.Thread(target=run, name="simulate-faults", daemon=True)
     thread.start()

@@ -16,7 +16,9 @@ from ...core.gpus import GpuHolder, GpuIdentity, NodeGpus
 from ..base import Source, SourceError
 from . import metrics as c
 from .api import (
+    ARGUMENT_VERSION_MISMATCH,
     DRIVER_NOT_LOADED,
+    FI_MEMORY_TEMP,
     FI_NVLINK_DATA_RX_KIB,
     FI_NVLINK_DATA_TX_KIB,
     FI_NVLINK_LINK_COUNT,
@@ -26,6 +28,7 @@ from .api import (
     GPU_IS_LOST,
     LIBRARY_NOT_FOUND,
     NOT_SUPPORTED,
+    NVLINK_ERRORS,
     UNKNOWN,
     GpuBackend,
     GpuError,
@@ -42,7 +45,12 @@ NVML_MISSING = (
 
 
 UNKNOWN_UUID = "unknown"
-UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND)
+# not supported by the GPU, or the driver lacks the call (or the version of its structure the binding passes)
+UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH)
+# the fields every GPU is asked for (nvmlDeviceGetFieldValues), in this order; then each active link's NVLink
+# data counters (transmit, receive)
+_FIELDS = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0), (FI_MEMORY_TEMP, 0)]
+_LINK_FIELDS = len(_FIELDS)
 UNANSWERED = -1  # internal: every query of a GPU failed (the failures are counted one by one)
 
 
@@ -78,7 +86,7 @@ class _SeriesLabels:
     collection appends its rows straight to the batch (`Batch.rows`), without building or checking a tuple per
     series, and the renderer finds a tuple it saw before faster."""
 
-    __slots__ = ("links", "of", "pids", "readings")
+    __slots__ = ("link_errors", "links", "of", "pids", "readings")
 
     def __init__(self, labels: tuple[str, str], links: list[int]) -> None:
         self.of = labels
@@ -86,13 +94,19 @@ class _SeriesLabels:
             Batch.check(metric, labels)
         readings = []
         for reading in READINGS:
-            reading_labels = (*labels, *reading.labels)
-            for metric in reading.metrics:
-                Batch.check(metric, reading_labels)
-            readings.append(reading_labels)
+            per_metric = reading.label_values(labels)
+            for metric, metric_labels in zip(reading.metrics, per_metric, strict=True):
+                Batch.check(metric, metric_labels)
+            readings.append(per_metric)
         self.readings = tuple(readings)
         self.links = tuple(Batch.check(c.GPU_NVLINK_TX, Batch.check(c.GPU_NVLINK_RX, (*labels, str(link))))
                            for link in links)
+        # per link, per NVLINK_ERRORS counter: (its key when unsupported, its label tuple)
+        self.link_errors = tuple(
+            (link, tuple((counter, f"nvlink_{error_type}_{link}",
+                          Batch.check(c.GPU_NVLINK_ERRORS, (*labels, str(link), error_type)))
+                         for counter, error_type in NVLINK_ERRORS.items()))
+            for link in links)
         self.pids: dict[int, tuple[str, ...]] = {}
 
     def pid(self, pid: int) -> tuple[str, ...]:
@@ -105,7 +119,8 @@ class _SeriesLabels:
 
 
 # the metrics whose rows carry the GPU's own label tuple (gpu, uuid)
-_GPU_LABELLED = (c.GPU_IDLE_SECONDS, c.GPU_SAMPLED_SECONDS, c.GPU_PCIE_TX, c.GPU_PCIE_RX, c.GPU_ALLOCATED)
+_GPU_LABELLED = (c.GPU_IDLE_SECONDS, c.GPU_SAMPLED_SECONDS, c.GPU_PCIE_TX, c.GPU_PCIE_RX, c.GPU_MEMORY_TEMPERATURE,
+                 c.GPU_ALLOCATED)
 
 
 class NvmlSource(Source):
@@ -154,7 +169,7 @@ class NvmlSource(Source):
                 reason = "gpu_is_lost" if isinstance(exc, _Lost) else exc.reason
                 log.error("nvml: GPU %d cannot be read at start-up (%s); it is reported as down", index, reason)
                 state.lost = True
-            state.fields = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0)]
+            state.fields = list(_FIELDS)
             for link in state.links:
                 state.fields += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
             gpus.append(state)
@@ -291,21 +306,26 @@ class NvmlSource(Source):
                 continue
             answers += 1
             if reading.pair:
-                for metric, value in zip(reading.metrics, raw, strict=True):
-                    rows[metric].append((reading_labels, value if reading.exact else reading.convert(value)))
+                for metric, metric_labels, value in zip(reading.metrics, reading_labels, raw, strict=True):
+                    rows[metric].append((metric_labels, value if reading.exact else reading.convert(value)))
             else:
-                rows[reading.metrics[0]].append((reading_labels, raw if reading.exact else reading.convert(raw)))
+                rows[reading.metrics[0]].append((reading_labels[0], raw if reading.exact else reading.convert(raw)))
         self._answers += answers
         values = self._fields(gpu, gpu.fields)
         if values[0] is not None:
             rows[c.GPU_PCIE_TX].append((labels, values[0]))
         if values[1] is not None:
             rows[c.GPU_PCIE_RX].append((labels, values[1]))
+        if values[2] is not None:
+            rows[c.GPU_MEMORY_TEMPERATURE].append((labels, values[2]))
         # per link: transmit then receive
-        rows[c.GPU_NVLINK_TX] += [(link, kib * 1024) for link, kib in zip(cached.links, values[2::2], strict=True)
+        first = _LINK_FIELDS
+        rows[c.GPU_NVLINK_TX] += [(link, kib * 1024)
+                                  for link, kib in zip(cached.links, values[first::2], strict=True) if kib is not None]
+        rows[c.GPU_NVLINK_RX] += [(link, kib * 1024)
+                                  for link, kib in zip(cached.links, values[first + 1::2], strict=True)
                                   if kib is not None]
-        rows[c.GPU_NVLINK_RX] += [(link, kib * 1024) for link, kib in zip(cached.links, values[3::2], strict=True)
-                                  if kib is not None]
+        self._collect_link_errors(gpu, cached, rows[c.GPU_NVLINK_ERRORS])
         processes = read(gpu, "processes", self.backend.device_compute_processes)
         if processes is not None:
             rows[c.GPU_ALLOCATED].append((labels, 1 if processes else 0))
@@ -324,6 +344,24 @@ class NvmlSource(Source):
             gpu.mig_uuids = ()
         if self._answers == answers_before and len(self._errors) > errors_before:
             raise GpuError(UNANSWERED, "the GPU answered no query")
+
+    def _collect_link_errors(self, gpu: _GpuState, cached: _SeriesLabels,
+                             rows: list[tuple[tuple[str, ...], Any]]) -> None:
+        """Each active link's data-link error counters (one NVML call each); an unsupported counter is remembered
+        per link and counter, and its series stays absent."""
+        unsupported, handle, call, answers = gpu.unsupported, gpu.handle, self.backend.device_nvlink_error_count, 0
+        for link, counters in cached.link_errors:
+            for counter, key, counter_labels in counters:
+                if key in unsupported:
+                    continue
+                try:
+                    count = call(handle, link, counter)
+                except GpuError as exc:
+                    self._failed(gpu, key, exc)
+                    continue
+                answers += 1
+                rows.append((counter_labels, count))
+        self._answers += answers
 
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.

@@ -60,6 +60,22 @@ def build(names: Names) -> Dashboard:
         f"{s.throttle_ratio:.0%} of the time. Above 0: the silicon runs slower than bought; see Kernels and silicon.",
         "none", [(f"count(sum by ({names.node}, uuid) (rate(goodput_gpu_clock_throttle_seconds_total"
                   f"{f(HARD_LIMITS)}[$__rate_interval])) > {s.throttle_ratio:g})", "")], no_value="0"))
+    reset_due = " or ".join(f"goodput_gpu_{state}{f()} == 1"
+                            for state in ("row_remap_pending", "row_remap_failure", "retired_pages_pending"))
+    d = d.with_panel(stat_panel(
+        "GPUs needing a reset", "GPUs with a row remap or page retirement that only a GPU reset applies, or a row "
+        "remap that failed (GoodputGPUResetRequired). Above 0: drain and reset them; replace those whose remap "
+        "failed.",
+        "none", [(f"count({reset_due})", "")], no_value="0"))
+    busy = f"{names.rule('gpu', 'goodput_gpu_idle_ratio', 'rate')}{f()} < {1 - s.pcie_degraded_busy_ratio:g}"
+    d = d.with_panel(stat_panel(
+        "Degraded PCIe links", "GPUs whose PCIe link runs on fewer lanes than GPU and slot allow, or, while busy, "
+        "at a lower generation (idle GPUs lower it to save power). Above 0: host-device copies are slower there; "
+        "see Kernels and silicon.",
+        "none", [(f"count(max_over_time(goodput_gpu_pcie_link_width{f()}[$__rate_interval]) "
+                  f"< goodput_gpu_pcie_link_max_width{f()} "
+                  f"or (max_over_time(goodput_gpu_pcie_link_generation{f()}[$__rate_interval]) "
+                  f"< goodput_gpu_pcie_link_max_generation{f()} and {busy}))", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "Lost GPUs", "GPUs NVML no longer answers for (fallen off the bus, need a reset). Above 0: the jobs on "
         "them have failed or will.",
@@ -82,6 +98,20 @@ def build(names: Names) -> Dashboard:
         "Allocated GPUs idling is lost goodput; unallocated idling is unused capacity.",
         "percentunit", [(f"{idle['']}{f()}", "all GPUs"), (f"{idle['_while_allocated']}{f()}", "allocated"),
                         (f"{idle['_unallocated']}{f()}", "unallocated")], max_value=1))
+    d = d.with_panel(timeseries_panel(
+        "Memory repairs", "Memory rows the GPUs remapped to spare rows (A100, H100 and later), by the kind of "
+        "ECC error behind it, and pages they retired (older GPUs), per interval. Each uncorrected one leaves a "
+        "GPU waiting for a reset (GPUs needing a reset); a GPU that keeps repairing is wearing out.",
+        "short", [(f"sum by (error_type) (increase(goodput_gpu_remapped_rows_total{f()}[$__rate_interval]))",
+                   "rows remapped, {{error_type}} errors"),
+                  (f"sum by (cause) (increase(goodput_gpu_retired_pages_total{f()}[$__rate_interval]))",
+                   "pages retired, {{cause}}")]))
+    d = d.with_panel(timeseries_panel(
+        "NVLink errors", "NVLink data-link errors per second across the selected GPUs, by kind: CRC errors, "
+        "replays and recoveries. A rise on a few links points at a bridge, cable or switch port; the Kernels and "
+        "silicon dashboard names the link.",
+        "cps", [(f"sum by (error_type) (rate(goodput_gpu_nvlink_errors_total{f()}[$__rate_interval]))",
+                 "{{error_type}}")]))
     d = d.with_row(row("Worst first"))
     d = d.with_panel(table_panel(
         "Workloads by goodput", "The ten workloads with the lowest goodput now. Start with the top row: open "

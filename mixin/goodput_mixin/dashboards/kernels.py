@@ -1,5 +1,6 @@
-"""Level 5, Kernels and silicon: are the kernels using the GPU (busy time, clocks, throttling, power, and DCGM's
-SM, tensor and DRAM activity where DCGM or a dcgm-exporter is there)."""
+"""Level 5, Kernels and silicon: are the kernels using the GPU (busy time, clocks, throttling, power, the PCIe and
+NVLink links and the video engines, and DCGM's SM, tensor and DRAM activity where DCGM or a dcgm-exporter is
+there)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,11 @@ def build(names: Names) -> Dashboard:
         "sampled gauge). Low on an allocated GPU is time the job loses; the levels above say why.",
         "percentunit", [(f"1 - {names.rule('gpu', 'goodput_gpu_idle_ratio', 'rate')}{f()}", gpu)], max_value=1))
     d = d.with_panel(timeseries_panel(
-        "SM clock", "Current SM clock per GPU. Below the GPU's usual boost clock while busy means a limit "
-        "holds it down (see Throttle reasons).",
-        "hertz", [(f"goodput_gpu_sm_clock_hertz{f()}", gpu)]))
+        "SM and memory clocks", "Current SM and memory clocks per GPU. An SM clock below the GPU's usual boost "
+        "clock while busy means a limit holds it down (see Throttle reasons); the memory clock stays put on HBM "
+        "GPUs, lower means a memory clock limit.",
+        "hertz", [(f"goodput_gpu_sm_clock_hertz{f()}", f"{gpu} SM"),
+                  (f"goodput_gpu_memory_clock_hertz{f()}", f"{gpu} memory")]))
     d = d.with_panel(timeseries_panel(
         "Throttle reasons", "Share of time clocks were held below target, by reason (NVML violation counters). "
         "Power or thermal near 1 means the GPU runs slower than it could: check cooling, power caps and "
@@ -38,9 +41,42 @@ def build(names: Names) -> Dashboard:
                  (f"goodput_gpu_power_limit_watts{f()}", f"{gpu} limit"),
                  (f"rate(goodput_gpu_energy_joules_total{f()}[$__rate_interval])", f"{gpu} average")]))
     d = d.with_panel(timeseries_panel(
-        "Temperature", "GPU core temperature. Close to the slowdown temperature (about 85-90 C on data-centre "
-        "GPUs) it comes with thermal throttling.",
-        "celsius", [(f"goodput_gpu_temperature_celsius{f()}", gpu)]))
+        "Temperature", "GPU core and memory (HBM) temperature. Close to the slowdown temperature (about 85-90 C "
+        "on data-centre GPUs; HBM throttles from about 95 C) it comes with thermal throttling. Memory "
+        "temperature is absent where the GPU does not report it.",
+        "celsius", [(f"goodput_gpu_temperature_celsius{f()}", f"{gpu} core"),
+                    (f"goodput_gpu_memory_temperature_celsius{f()}", f"{gpu} memory")]))
+    s = names.settings
+    d = d.with_row(row("Links and engines (NVML)"))
+    d = d.with_panel(timeseries_panel(
+        "PCIe link generation", "The PCIe generation each GPU's link runs at, and the highest the GPU and its slot "
+        "both allow. Idle GPUs drop to a lower generation to save power, so only a busy GPU below its maximum "
+        f"is a degraded link (GoodputGPUPCIeLinkDegraded compares it on GPUs busy over "
+        f"{s.pcie_degraded_busy_ratio:.0%} of the time).",
+        "none", [(f"goodput_gpu_pcie_link_generation{f()}", f"{gpu} now"),
+                 (f"goodput_gpu_pcie_link_max_generation{f()}", f"{gpu} max")]))
+    d = d.with_panel(timeseries_panel(
+        "PCIe link width", "Lanes each GPU's link runs on, and the most the GPU and its slot both allow. Below "
+        "the maximum, host-device copies (data loading, checkpoints) run slower in proportion: reseat the GPU, "
+        "riser or cable.",
+        "none", [(f"goodput_gpu_pcie_link_width{f()}", f"{gpu} now"),
+                 (f"goodput_gpu_pcie_link_max_width{f()}", f"{gpu} max")]))
+    d = d.with_panel(timeseries_panel(
+        "PCIe replays", "PCIe packets resent after link errors, per second. A steady rise (DCGM's limit: 8 a "
+        "minute) means a marginal link, often with a narrower or slower one.",
+        "cps", [(f"rate(goodput_gpu_pcie_replays_total{f()}[$__rate_interval])", gpu)]))
+    d = d.with_panel(timeseries_panel(
+        "NVLink errors", "NVLink data-link errors per second on each link that counts any: CRC errors in flits "
+        "or data (each corrected by a replay), replays, and recoveries (the link retrained, stalling its "
+        f"traffic). GoodputGPUNVLinkErrors fires above {s.nvlink_crc_error_rate:g} CRC or "
+        f"{s.nvlink_replay_error_rate:g} replay or recovery errors a second. Empty when every link is clean.",
+        "cps", [(f"rate(goodput_gpu_nvlink_errors_total{f()}[$__rate_interval]) > 0",
+                 gpu + " link {{link}} {{error_type}}")]))
+    d = d.with_panel(timeseries_panel(
+        "Video encoder and decoder", "Share of time the video encoders (NVENC) and decoders (NVDEC) ran. High "
+        "decode in a training job means its input pipeline decodes video on the GPU.",
+        "percentunit", [(f"goodput_gpu_encoder_utilization_ratio{f()}", f"{gpu} encoder"),
+                        (f"goodput_gpu_decoder_utilization_ratio{f()}", f"{gpu} decoder")], max_value=1))
     d = d.with_row(row("Activity inside the GPU (DCGM profiling, when present)"))
     d = d.with_panel(timeseries_panel(
         "SM active and occupancy", "SM active: share of cycles an SM had a warp resident. Occupancy: warps "

@@ -15,7 +15,9 @@ from exporter.core.settings import parse_listen_address
 
 from .stack import WORKLOAD, Ports, Stack, StackError
 
-FAULTS = ("straggler", "stall", "skip", "xid")
+FAULTS = ("straggler", "stall", "skip", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors")
+# the GPU each GPU fault hits (ranks hold GPUs 0 to ranks-1; a fault on a held GPU shows on the job's dashboards)
+FAULT_GPU = {"xid": 0, "row_remap_pending": 1, "pcie_degraded": 2, "nvlink_errors": 3}
 
 
 def _inject(stack: Stack, fault: str) -> str:
@@ -30,8 +32,18 @@ def _inject(stack: Stack, fault: str) -> str:
     if fault == "skip":
         job.set_skipping(1)
         return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
-    stack.gpus.inject_xid(0, 79)
-    return "GPU 0 falls off the bus: XID 79 (GoodputGPUXidCritical)"
+    gpu = FAULT_GPU[fault] % stack.gpus.count
+    if fault == "row_remap_pending":
+        stack.gpus.remap_row(gpu, uncorrected=True)
+        return f"GPU {gpu} remaps a row after an uncorrectable error; it waits for a reset (GoodputGPUResetRequired)"
+    if fault == "pcie_degraded":
+        stack.gpus.degrade_pcie(gpu)
+        return f"GPU {gpu}'s PCIe link trains at gen 3 x8 of gen 5 x16 (GoodputGPUPCIeLinkDegraded)"
+    if fault == "nvlink_errors":
+        stack.gpus.nvlink_errors(gpu, link=0, seconds=3600)
+        return f"NVLink link 0 of GPU {gpu} counts CRC and replay errors (GoodputGPUNVLinkErrors)"
+    stack.gpus.inject_xid(gpu, 79)
+    return f"GPU {gpu} falls off the bus: XID 79 (GoodputGPUXidCritical)"
 
 
 def _clear(stack: Stack, fault: str) -> str | None:
@@ -43,6 +55,13 @@ def _clear(stack: Stack, fault: str) -> str | None:
         job.set_data_stall(False)
     elif fault == "skip":
         job.set_skipping(None)
+    elif fault == "row_remap_pending":
+        stack.gpus.reset(FAULT_GPU[fault] % stack.gpus.count)
+        return f"{fault} cleared: GPU {FAULT_GPU[fault] % stack.gpus.count} reset (its remapped row stays counted)"
+    elif fault == "pcie_degraded":
+        stack.gpus.restore_pcie(FAULT_GPU[fault] % stack.gpus.count)
+    elif fault == "nvlink_errors":
+        stack.gpus.stop_nvlink_errors(FAULT_GPU[fault] % stack.gpus.count)
     else:
         return None  # an XID is an event: its alert resolves by itself
     return f"{fault} cleared"
@@ -50,7 +69,8 @@ def _clear(stack: Stack, fault: str) -> str | None:
 
 def _describe(alert: dict) -> str:  # type: ignore[type-arg]
     labels = alert["labels"]
-    where = " ".join(f"{k}={labels[k]}" for k in ("workload", "rank", "pg", "gpu", "xid", "source") if k in labels)
+    where = " ".join(f"{k}={labels[k]}" for k in ("workload", "rank", "pg", "gpu", "xid", "reason", "degraded", "link",
+                                                    "error_type", "source") if k in labels)
     return f"{labels['alertname']} [{labels.get('severity', '?')}] {where}".rstrip()
 
 

@@ -36,7 +36,7 @@ DEMO_SETTINGS = RulesSettings(
     windows=["20s", "2m"], slow_groups_interval="5s", memory_predict_window="2m", goodput_trend_window="2m",
     goodput_drop_for="20s", idle_while_allocated_for="1m", straggler_for="15s", collective_hang_seconds=20,
     dump_stale_seconds=60, rank_missing_for="5s", throttle_for="30s", memory_exhaustion_for="30s",
-    exporter_down_for="20s", source_failing_for="20s")
+    exporter_down_for="20s", source_failing_for="20s", pcie_degraded_for="10s", nvlink_errors_for="10s")
 WORKLOAD = "demo-job"
 CLUSTER = "demo"
 

@@ -81,6 +81,21 @@ class RulesSettings(BaseModel):
         0.2, gt=0, le=1, description="GoodputGPUThrottled: share of time clocks were held down by power, "
         "thermal, board or reliability limits.")
     throttle_for: str = Field("15m", description="GoodputGPUThrottled: for how long.")
+    reset_required_for: str = Field(
+        "0m", description="GoodputGPUResetRequired: for how long a row remap or page retirement has waited for a "
+        "reset (or a row remap has failed); the state holds until the GPU is reset, so there is no noise to wait out.")
+    pcie_degraded_busy_ratio: float = Field(
+        0.5, gt=0, le=1, description="GoodputGPUPCIeLinkDegraded: the PCIe generation is compared with its maximum "
+        "only on GPUs busy at least this share of the short window; idle GPUs drop their link generation to save "
+        "power. The link width is compared always.")
+    pcie_degraded_for: str = Field("10m", description="GoodputGPUPCIeLinkDegraded: for how long.")
+    nvlink_crc_error_rate: float = Field(
+        100, gt=0, description="GoodputGPUNVLinkErrors: CRC errors (flit or data) per second on a link; 100 is "
+        "DCGM's health limit, the rate from which the driver team says they matter (each is corrected by a replay).")
+    nvlink_replay_error_rate: float = Field(
+        0.01, gt=0, description="GoodputGPUNVLinkErrors: replays or recoveries (the link retrained) per second on a "
+        "link; a healthy link has none, DCGM's health check flags any.")
+    nvlink_errors_for: str = Field("10m", description="GoodputGPUNVLinkErrors: for how long.")
     memory_used_ratio: float = Field(
         0.8, gt=0, le=1, description="GoodputGPUMemoryExhaustionSoon: only past this much memory in use.")
     memory_exhaustion_for: str = Field("10m", description="GoodputGPUMemoryExhaustionSoon: for how long.")
@@ -101,6 +116,7 @@ class RulesSettings(BaseModel):
     @field_validator("slow_groups_interval", "memory_predict_window", "memory_predict_horizon",
                      "goodput_trend_window", "goodput_drop_for",
                      "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
+                     "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for")
     @classmethod
     def _check_range(cls, value: str) -> str:

@@ -1,4 +1,5 @@
-"""Alerts on a broken or degraded GPU: critical XIDs, uncorrectable ECC errors, throttling.
+"""Alerts on a broken or degraded GPU: critical XIDs, uncorrectable ECC errors, a reset due (row remap or page
+retirement pending), throttling, a PCIe link trained below its maximum, NVLink errors.
 Group `goodput.alerts.gpu_health`."""
 
 from __future__ import annotations
@@ -13,6 +14,14 @@ def alerts(s: RulesSettings) -> list[Alert]:
     pct = "{{ $value | humanizePercentage }}"
     xids = "|".join(str(x) for x in sorted(set(s.critical_xids)))
     xid_series = f'goodput_gpu_xid_errors_total{{xid=~"{xids}"}}'
+    gpu = f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}}"
+
+    def because(expr: str, label: str, value: str) -> str:
+        return f'label_replace({expr}, "{label}", "{value}", "", "")'
+
+    reset_due = "\nor\n".join(because(f"goodput_gpu_{state} == 1", "reason", state)
+                               for state in ("row_remap_pending", "row_remap_failure", "retired_pages_pending"))
+    nvlink = "goodput_gpu_nvlink_errors_total"
     return [
         Alert(
             "GoodputGPUXidCritical", "gpu-xid-critical.md", "critical",
@@ -28,6 +37,14 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} had "
             f"{{{{ $value | printf \"%.0f\" }}}} uncorrectable ECC errors in {short}."),
         Alert(
+            # a row remap (Ampere and later) or page retirement (before) takes effect at the next reset; until then
+            # the bad memory can be handed out again. A failed remap (no spare row) holds until the GPU is replaced.
+            "GoodputGPUResetRequired", "gpu-reset-required.md", "critical",
+            reset_due, s.reset_required_for,
+            "A GPU needs a reset to stop using bad memory (or replacing, after a failed row remap).",
+            f"{gpu} needs a reset: {{{{ $labels.reason }}}}. Drain it and reset it (replace it after a "
+            "row_remap_failure)."),
+        Alert(
             "GoodputGPUThrottled", "gpu-throttled.md", "warning",
             f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total"
             f'{{reason=~"power|thermal|board_limit|reliability"}}[{short}])) > {s.throttle_ratio}',
@@ -35,4 +52,28 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "A GPU's clocks are held down.",
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} was throttled by "
             f"power, thermal, board or reliability limits {pct} of the time."),
+        Alert(
+            # Width: never below its maximum on a healthy link. Generation: many boards drop it while idle to save
+            # power, so it counts only on a GPU busy most of the window; and a healthy link reaches its maximum at
+            # some point while busy, so the highest generation seen over the window is what is compared.
+            "GoodputGPUPCIeLinkDegraded", "gpu-pcie-link-degraded.md", "warning",
+            because(f"max_over_time(goodput_gpu_pcie_link_width[{short}]) < goodput_gpu_pcie_link_max_width",
+                    "degraded", "width")
+            + "\nor\n"
+            + because(f"(\n  max_over_time(goodput_gpu_pcie_link_generation[{short}])"
+                      " < goodput_gpu_pcie_link_max_generation\n"
+                      f"  and gpu:goodput_gpu_idle_ratio:rate{short} < {1 - s.pcie_degraded_busy_ratio:g}\n)",
+                      "degraded", "generation"),
+            s.pcie_degraded_for,
+            "A GPU's PCIe link runs below what the GPU and its slot allow.",
+            f"The PCIe link {{{{ $labels.degraded }}}} of {gpu} is {{{{ $value }}}}, below what the GPU and its slot "
+            "allow: host-device copies run slower."),
+        Alert(
+            "GoodputGPUNVLinkErrors", "gpu-nvlink-errors.md", "warning",
+            f'rate({nvlink}{{error_type=~"crc_flit|crc_data"}}[{short}]) > {s.nvlink_crc_error_rate:g}\n'
+            f'or\nrate({nvlink}{{error_type=~"replay|recovery"}}[{short}]) > {s.nvlink_replay_error_rate:g}',
+            s.nvlink_errors_for,
+            "A GPU's NVLink link keeps counting errors.",
+            f"NVLink link {{{{ $labels.link }}}} of {gpu} counts {{{{ $value | printf \"%.2f\" }}}} "
+            "{{ $labels.error_type }} errors per second."),
     ]
