@@ -513,5 +513,9 @@ def test_a_gpu_in_mig_mode_is_watched_per_gpu_instance_like_dcgm_exporters_defau
 def test_without_a_mig_hierarchy_older_dcgm_watches_whole_gpus(fake_dcgm: Path) -> None:
     dcgm = make(fake_dcgm)
     dcgm.connect()
-    engine().fail["hierarchy"] = dcgm_error(-6)  # DCGM before 2.0: no such call
+    engine().fail["hierarchy"] = dcgm_error(-6)  # DCGM before 2.0: NOT_SUPPORTED
     assert dcgm.gpu_instances() == []
+    engine().fail["hierarchy"] = dcgm_error(CONNECTION_NOT_VALID)  # anything else is not "no MIG"
+    with pytest.raises(DcgmError) as info:
+        dcgm.gpu_instances()
+    assert info.value.code == CONNECTION_NOT_VALID

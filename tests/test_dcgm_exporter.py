@@ -236,9 +236,14 @@ def test_dcgm_blank_markers_are_counted_never_numbers() -> None:
              f'DCGM_FI_PROF_NVLINK_TX_BYTES{{gpu="0",UUID="{uuid}"}} 9223372036854775792',
              f'DCGM_FI_PROF_SM_ACTIVE{{gpu="0",UUID="{uuid}"}} 140737488355328.000000',
              f'DCGM_FI_PROF_PCIE_TX_BYTES{{gpu="0",UUID="{uuid}"}} 61234567']
+    lines += [f'DCGM_FI_PROF_DRAM_ACTIVE{{gpu="0",UUID="{uuid}"}} +Inf',  # not a blank: a bad value
+              f'DCGM_FI_PROF_PCIE_RX_BYTES{{gpu="1",UUID="{uuid}"}} 1_0',  # Python reads 10; the format does not
+              f'DCGM_FI_PROF_NVDEC0_ACTIVE{{gpu="0",UUID="{uuid}"}} 0.5']  # a field not mapped
     reading = scrape.parse("\n".join(lines))
     assert reading.values == {(uuid, ""): {1009: 61234567.0}}
-    assert reading.rejected == {"dcgm_exporter_blank": 3}
+    assert reading.rejected == {"dcgm_exporter_blank": 3, "dcgm_exporter_bad_value": 1,
+                                "dcgm_exporter_unparsable": 1}
+    assert reading.unmapped == 1
 
 
 def test_kubernetes_per_pod_series_of_one_gpu_are_one_reading_not_duplicates() -> None:

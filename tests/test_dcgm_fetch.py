@@ -427,6 +427,9 @@ def test_the_daemon_stopped_mid_body_parses_nothing(caplog: pytest.LogCaptureFix
     ({"exporter_url": f"http://{USER}:{PASSWORD}@/metrics"}, "(its user info not shown) names no host"),
     ({"exporter_url": f"http://{USER}:{PASSWORD} x@127.0.0.1/metrics"}, "(its user info not shown) is not an http"),
     ({"exporter_url": f"http://{USER}:{PASSWORD}@[::1/metrics"}, "the URL (not shown: it is not valid"),
+    # a password with an unencoded '/' or '?' ends the host part early: nothing before the '@' is shown
+    ({"exporter_url": f"http://{USER}:{PASSWORD}/x@127.0.0.1:9400/metrics"}, "an '@' outside its host part"),
+    ({"exporter_url": f"http://{USER}:9400?{PASSWORD}@127.0.0.1:9400/metrics"}, "must be percent-encoded"),
 ])
 def test_settings_that_cannot_work_are_rejected_without_showing_a_password(
         dcgm: dict[str, object], expected: str) -> None:

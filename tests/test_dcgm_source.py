@@ -15,7 +15,7 @@ from exporter.core.source import SourceError
 from exporter.sources.dcgm.api import PROFILING_NOT_SUPPORTED, REQUIRES_ROOT
 from exporter.sources.dcgm.bindings import DcgmBindings
 from exporter.sources.dcgm.simulated import SimulatedDcgm
-from exporter.sources.dcgm.source import PROFILING_RETRY_AFTER, DcgmSource
+from exporter.sources.dcgm.source import HIERARCHY_EVERY, PROFILING_RETRY_AFTER, DcgmSource
 from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
 from exporter.sources.nvml.source import NvmlSource
 
@@ -301,10 +301,10 @@ def test_a_uuid_nvml_no_longer_lists_at_its_index_is_forgotten() -> None:
 
 def test_a_gpu_in_mig_mode_is_measured_per_gpu_instance_joining_nvmls_mig_info() -> None:
     rig = Rig(2)
-    rig.sim.enable_mig(1, ["3g.40gb", "3g.40gb"])
-    rig.source.close()  # the MIG layout is read when DCGM is connected to
-    rig.nvml.collect()
     start(rig.source)
+    assert {s.get("gpu_instance_id", "") for s in series(rig.scrape(2.0), "goodput_gpu_sm_active_ratio")} == {""}
+    rig.sim.enable_mig(1, ["3g.40gb", "3g.40gb"])  # MIG turned on while the daemon runs
+    rig.scrape(HIERARCHY_EVERY)  # the layout is checked again: DCGM is asked to watch the new one
     text = rig.scrape(2.0)
     uuid1 = rig.sim.uuid(1)
     got = {(s["gpu"], s.get("gpu_instance_id", "")) for s in series(text, "goodput_gpu_tensor_active_ratio")}
@@ -329,3 +329,16 @@ def test_an_older_gpu_that_refuses_the_newer_fields_gets_the_base_twelve() -> No
     assert value(text, "goodput_gpu_sm_active_ratio", gpu="0") is not None
     assert value(text, "goodput_gpu_gr_engine_active_ratio", gpu="0") is not None
     assert series(text, "goodput_gpu_tensor_hmma_active_ratio") == []
+
+
+def test_only_lost_or_unknown_gpus_with_values_is_the_source_down_not_up_with_nothing() -> None:
+    rig = Rig(2)
+    inventory = NodeGpus()
+    inventory.record(rig.sim.uuid(0), "0")  # NVML knows GPU 0 only, and GPU 0 is lost: nothing usable
+    source = DcgmSource(dcgm_config(), rig.dcgm, inventory, clock=rig.clock)
+    start(source)
+    rig.sim.lose(0)
+    rig.clock.advance(2)
+    with pytest.raises(SourceError) as info:
+        source.collect()
+    assert info.value.reason == "dcgm_no_values"

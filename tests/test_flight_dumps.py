@@ -178,8 +178,9 @@ def test_the_default_prefixes_are_pytorchs_current_and_earlier_names() -> None:
 
 
 def test_both_default_prefixes_are_read_in_a_running_daemon(tmp_path: Path) -> None:
-    """Real PyTorch dumps under PyTorch's current default name (comm_lib_trace_rank_<rank>, as
-    DebugInfoWriter names NCCL's dump on timeout) and under the earlier one, read with defaults."""
+    """Real PyTorch dump contents (tests/flight, from gloo jobs) under PyTorch's current default file name
+    (comm_lib_trace_rank_<rank>, as DebugInfoWriter names NCCL's dump on timeout; renamed here, since a
+    CPU-only PyTorch writes no dump file of its own) and under the earlier one, read with defaults."""
     root = tmp_path / "fr"
     renamed("healthy2", root, "current", "comm_lib_trace_rank_")
     copy_scenario("healthy2", root, "earlier")  # nccl_trace_rank_<rank>

@@ -58,7 +58,9 @@ def _field_schema(field: Any) -> dict[str, Any]:
         schema = {"enum": list(get_args(annotation))}
     elif get_origin(annotation) is list:
         (item,) = get_args(annotation)
-        schema = {"type": "array", "items": _model_schema(item) if issubclass(item, BaseModel) else {}}
+        items: dict[str, Any] = ({"type": "string"} if item is str else
+                                 _model_schema(item) if isinstance(item, type) and issubclass(item, BaseModel) else {})
+        schema = {"type": "array", "items": items}
     elif isinstance(annotation, type) and issubclass(annotation, BaseModel):
         schema = _model_schema(annotation)
     elif annotation is bool:

@@ -14,6 +14,7 @@ from typing import Protocol
 
 # DCGM status codes (dcgm_structs.h); the simulator raises the same ones.
 GENERIC_ERROR = -3
+FUNCTION_NOT_FOUND = -20  # DCGM_ST_FUNCTION_NOT_FOUND: the bindings lack the call
 NOT_SUPPORTED = -6
 INIT_ERROR = -7
 TIMEOUT = -11

@@ -23,8 +23,10 @@ from typing import Any, TypeVar
 
 from .api import (
     FE_GPU_I,
+    FUNCTION_NOT_FOUND,
     GENERIC_ERROR,
     LIBRARY_NOT_FOUND,
+    NOT_SUPPORTED,
     STALE_AFTER_INTERVALS,
     DcgmError,
     DcgmGpu,
@@ -150,7 +152,12 @@ class DcgmBindings:
         agent = self._modules["dcgm_agent"]
         try:
             hierarchy = agent.dcgmGetGpuInstanceHierarchy(self._handle.handle)
-        except Exception as exc:  # DCGM before 2.0 has no MIG hierarchy: no instances
+        except Exception as exc:
+            # DCGM before 2.0 has no MIG hierarchy (no such function, or NOT_SUPPORTED): no instances; any
+            # other error (a lost connection) is the caller's, translated by @_call
+            if not isinstance(exc, AttributeError) and getattr(exc, "value", None) not in (NOT_SUPPORTED,
+                                                                                         FUNCTION_NOT_FOUND):
+                raise
             if not self._hierarchy_logged:
                 self._hierarchy_logged = True
                 log.info("dcgm: DCGM did not give its MIG hierarchy (%s); watching whole GPUs only", exc)

@@ -42,6 +42,11 @@ class ScrapeError(Exception):
 
 def display_url(url: str) -> str:
     """The URL as logs and messages show it: without its user info (a user name and password)."""
+    scheme, separator, rest = url.partition("://")
+    if separator and at_outside_host(url):
+        # a password with an unencoded '/', '?' or '#' ends the host part early: everything up to the last
+        # '@' may be secret
+        return f"{scheme}://{rest.rpartition('@')[2]}"
     try:
         parts = urlsplit(url)
     except ValueError:
@@ -49,6 +54,13 @@ def display_url(url: str) -> str:
     if "@" not in parts.netloc:
         return url
     return urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+
+
+def at_outside_host(url: str) -> bool:
+    """Whether an '@' stands after the host part ends (at the first '/', '?' or '#'): a password written with
+    one of those unencoded, which would make everything before the '@' look like a host and a path."""
+    rest = url.partition("://")[2]
+    return "@" in rest and "@" not in re.split(r"[/?#]", rest, maxsplit=1)[0]
 
 
 def url_credentials(url: str) -> tuple[str, str] | None:

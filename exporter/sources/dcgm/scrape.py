@@ -58,7 +58,8 @@ class Reading:
     gpu_ids: dict[str, str] = field(default_factory=dict)  # UUID -> dcgm-exporter's `gpu` label
     rejected: Counter[str] = field(default_factory=Counter)  # reason -> series rejected
     examples: dict[str, str] = field(default_factory=dict)  # reason -> one rejected line, for the log
-    taken: int = 0  # DCGM_FI_PROF_* series seen, before any was rejected
+    taken: int = 0  # DCGM_FI_PROF_* series of the fields we map, before any was rejected
+    unmapped: int = 0  # DCGM_FI_PROF_* series of fields we do not map (NVDEC, C2C, ...)
     labels_seen: set[str] = field(default_factory=set)  # label names of the series without a UUID
 
     @property
@@ -95,12 +96,15 @@ def _take(reading: Reading, line: str) -> None:
     name, label_text, value_text = match.groups()
     field_id = FIELD_BY_NAME.get(name.upper())
     if field_id is None:
-        reading.taken -= 1  # a profiling field we do not take (NVDEC, C2C, ...)
+        reading.taken -= 1  # a profiling field we do not take (NVDEC, NVJPG, NVOFA, C2C, ...)
+        reading.unmapped += 1
         return
     labels = _labels(label_text or "")
     try:
         value = float(value_text)
     except ValueError:
+        labels = None
+    if "_" in value_text:  # Python's float() takes 1_0; the text format does not
         labels = None
     if labels is None:
         _reject(reading, "dcgm_exporter_unparsable", line)
@@ -118,7 +122,7 @@ def _take(reading: Reading, line: str) -> None:
     if (gpu_id and not _NUMBER.fullmatch(gpu_id)) or (instance and not _NUMBER.fullmatch(instance)):
         _reject(reading, "dcgm_exporter_bad_gpu", line)
         return
-    if is_blank(value):
+    if math.isfinite(value) and is_blank(value):
         _reject(reading, "dcgm_exporter_blank", line)
         return
     if field_id in RATIO_FIELDS and 1 < value <= 1 + RATIO_EPSILON:

@@ -64,8 +64,12 @@ class DcgmConfig(SourceConfig):
     def _check_url(cls, value: str) -> str:
         from urllib.parse import urlsplit
 
-        from .fetch import display_url
+        from .fetch import at_outside_host, display_url
 
+        if at_outside_host(value):
+            # never shown: what stands before the '@' may be a password
+            raise ValueError("the URL has an '@' outside its host part: a password in it with '/', '?', '#' or "
+                             "'@' must be percent-encoded (better: use dcgm.basic_auth_password_file)")
         shown = display_url(value)
         if shown == value:
             shown = repr(value)

@@ -78,6 +78,7 @@ METRICS: dict[int, c.Metric] = {
     FI_PROF_NVLINK_RX_BYTES: c.GPU_DCGM_NVLINK_RX,
 }
 PROFILING_RETRY_AFTER = 300.0  # seconds before asking again for fields DCGM said it cannot give
+HIERARCHY_EVERY = 30.0  # seconds between checks of the MIG layout, in bindings mode
 EXPORTER_DEADLINE_SHARE = 0.8  # of dcgm.timeout: the source reports its own clear reason first
 MAX_LOGGED_GPUS = 64  # unknown GPUs logged by UUID, at most (the input is another program's)
 
@@ -96,10 +97,14 @@ class _BindingsReader:
         self._clock = clock
         # DCGM entity -> (GPU UUID, DCGM GPU id, MIG GPU instance id or "") while connected and watching
         self._entities: dict[Entity, tuple[str, str, str]] | None = None
+        self._instances: set[tuple[int, int, int]] = set()  # the MIG layout watched
+        self._hierarchy_read = 0.0
         self._unavailable: tuple[float, str, str] | None = None  # since, reason, message
         self._stale_logged = False
 
     def read(self, batch: Batch) -> Readings:
+        if self._entities is not None and self._clock() - self._hierarchy_read >= HIERARCHY_EVERY:
+            self._check_hierarchy()
         if self._entities is None:
             self._start()
         assert self._entities is not None
@@ -173,11 +178,26 @@ class _BindingsReader:
         for gpu_id, uuid in gpus.items():
             if gpu_id not in in_mig:
                 entities[FE_GPU, gpu_id] = (uuid, str(gpu_id), "")
+        self._instances = {(i.entity_id, i.gpu_id, i.instance_id) for i in instances}
+        self._hierarchy_read = self._clock()
         fields = self._watch(list(entities))
         log.info("dcgm: watching %d profiling fields of %d GPU(s) (%d MIG GPU instance(s)) through %s, every %gs",
                  len(fields), len(gpus), len(instances), self.where, self.interval)
         self._entities = entities
         self._stale_logged = False
+
+    def _check_hierarchy(self) -> None:
+        """A MIG layout changed since DCGM was asked (instances made or destroyed): DCGM reuses entity ids, so
+        the values would go to the wrong gpu_instance_id. Watch again from the new layout."""
+        self._hierarchy_read = self._clock()
+        try:
+            now = {(i.entity_id, i.gpu_id, i.instance_id) for i in self.backend.gpu_instances()}
+        except DcgmError:
+            return  # the read that follows meets the same trouble and reports it
+        if now != self._instances:
+            log.info("dcgm: the MIG layout changed (%d GPU instance(s) now, %d before); watching again",
+                     len(now), len(self._instances))
+            self._drop()
 
     def _watch(self, entities: list[Entity]) -> tuple[int, ...]:
         """Watch every profiling field; where DCGM refuses them all (an older GPU lacks the tensor sub-pipes
@@ -241,7 +261,9 @@ class _ExporterReader:
             self._once("mig", f"dcgm: {self.url} reports {reading.mig_instances} MIG GPU instance(s); their "
                        "series carry gpu_instance_id", level=logging.INFO)
         if reading.taken == 0:
-            raise SourceError("dcgm_exporter_no_fields", f"{self.url} has no DCGM_FI_PROF_* series: its "
+            found = (f"{reading.unmapped} DCGM_FI_PROF_* series of no field this source maps (video engines, "
+                     "C2C, ...) and none of the kernel ones" if reading.unmapped else "no DCGM_FI_PROF_* series")
+            raise SourceError("dcgm_exporter_no_fields", f"{self.url} has {found}: its "
                               "counters file lists none. dcgm-exporter 4.x's default counters have "
                               "DCGM_FI_PROF_GR_ENGINE_ACTIVE, PIPE_TENSOR_ACTIVE, DRAM_ACTIVE and PCIE_*; "
                               "releases before 3.3.9 and custom files (-f, or the GPU Operator's "
@@ -327,6 +349,9 @@ class DcgmSource(Source):
         if readings and not rows:
             raise SourceError("dcgm_unknown_gpu", f"none of the {len({u for u, _ in readings})} GPU(s) DCGM "
                               "reports is one of this node's GPUs as NVML sees them (matched by UUID)")
+        if not any(values for *_, values in rows):
+            raise SourceError("dcgm_no_values", "DCGM has no value of any profiling field for this node's GPUs "
+                              "(blank samples only): it may still be starting, or those GPUs are lost")
         # by index, numerically, then instance
         rows.sort(key=lambda row: (len(row[0]), row[0], len(row[2]), row[2]))
         for index, uuid, instance, values in rows:

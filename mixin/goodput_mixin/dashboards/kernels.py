@@ -78,27 +78,37 @@ def build(names: Names) -> Dashboard:
         "percentunit", [(f"goodput_gpu_encoder_utilization_ratio{f()}", f"{gpu} encoder"),
                         (f"goodput_gpu_decoder_utilization_ratio{f()}", f"{gpu} decoder")], max_value=1))
     d = d.with_row(row("Activity inside the GPU (DCGM profiling, when present)"))
+    # a GPU in MIG mode is measured per GPU instance: its series carry gpu_instance_id
+    gpu = gpu + "{{gpu_instance_id}}"
     d = d.with_panel(timeseries_panel(
-        "SM active and occupancy", "SM active: share of cycles an SM had a warp resident. Occupancy: warps "
-        "resident over the most the SMs hold. A GPU 'busy' per NVML with low SM activity runs kernels too "
-        "small to fill it. Needs DCGM (source dcgm); empty without it.",
-        "percentunit", [(f"goodput_gpu_sm_active_ratio{f()}", f"{gpu} SM active"),
+        "Engine and SM activity", "Graphics engine active: share of time the GPU had work in flight (the "
+        "coarsest profiling figure, and in dcgm-exporter's default counters). SM active: share of cycles an SM "
+        "had a warp resident. Occupancy: warps resident over the most the SMs hold. A GPU 'busy' per NVML with "
+        "low SM activity runs kernels too small to fill it. A GPU in MIG mode shows one line per GPU instance "
+        "(its number after the GPU's). Needs DCGM (source dcgm); empty without it.",
+        "percentunit", [(f"goodput_gpu_gr_engine_active_ratio{f()}", f"{gpu} engine active"),
+                        (f"goodput_gpu_sm_active_ratio{f()}", f"{gpu} SM active"),
                         (f"goodput_gpu_sm_occupancy_ratio{f()}", f"{gpu} occupancy")], max_value=1))
     d = d.with_panel(timeseries_panel(
-        "Tensor core active", "Share of cycles the tensor pipes were active. Low in a mixed-precision training "
-        "job means the math runs outside tensor cores (FP32 paths, small or odd shapes). Needs DCGM.",
-        "percentunit", [(f"goodput_gpu_tensor_active_ratio{f()}", gpu)], max_value=1))
+        "Tensor core active", "Share of cycles the tensor pipes were active, and by kind where DCGM has them: "
+        "HMMA (FP16/BF16), IMMA (INT8), DFMA (FP64). Low in a mixed-precision training job means the math runs "
+        "outside tensor cores (FP32 paths, small or odd shapes). Needs DCGM.",
+        "percentunit", [(f"goodput_gpu_tensor_active_ratio{f()}", gpu),
+                        (f"goodput_gpu_tensor_hmma_active_ratio{f()}", f"{gpu} HMMA"),
+                        (f"goodput_gpu_tensor_imma_active_ratio{f()}", f"{gpu} IMMA"),
+                        (f"goodput_gpu_tensor_dfma_active_ratio{f()}", f"{gpu} DFMA")], max_value=1))
     d = d.with_panel(timeseries_panel(
         "DRAM active", "Share of cycles the memory interface moved data. Near 1 with low tensor activity means "
         "the kernels are memory-bound. Needs DCGM.",
         "percentunit", [(f"goodput_gpu_dram_active_ratio{f()}", gpu)], max_value=1))
     d = d.with_panel(timeseries_panel(
-        "FP16, FP32 and FP64 pipes", "Share of cycles each floating-point pipe was active (tensor pipes not "
-        "included). Busy FP32 or FP64 in a job meant for mixed precision means precision was lost on the way. "
-        "Needs DCGM.",
+        "FP16, FP32, FP64 and integer pipes", "Share of cycles each floating-point pipe, and the integer pipe, "
+        "was active (tensor pipes not included). Busy FP32 or FP64 in a job meant for mixed precision means "
+        "precision was lost on the way. Needs DCGM.",
         "percentunit", [(f"goodput_gpu_fp16_active_ratio{f()}", f"{gpu} fp16"),
                         (f"goodput_gpu_fp32_active_ratio{f()}", f"{gpu} fp32"),
-                        (f"goodput_gpu_fp64_active_ratio{f()}", f"{gpu} fp64")], max_value=1))
+                        (f"goodput_gpu_fp64_active_ratio{f()}", f"{gpu} fp64"),
+                        (f"goodput_gpu_int_active_ratio{f()}", f"{gpu} int")], max_value=1))
     d = d.with_panel(timeseries_panel(
         "GPUs by activity class", f"How many of the selected GPUs were, over the last {names.short}: underused "
         f"(SMs active below {names.settings.underused_sm_active_ratio:g}), compute-bound (a math pipe at "
