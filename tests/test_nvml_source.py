@@ -22,7 +22,7 @@ from exporter.sources.nvml.api import (
 )
 from exporter.sources.nvml.settings import SimulateConfig
 from exporter.sources.nvml.simulated import Pattern, SimulatedGpus, schedule_faults
-from exporter.sources.nvml.source import NvmlSource
+from exporter.sources.nvml.source import LINK_ERRORS_EVERY, NvmlSource
 
 
 def setup(count: int = 2, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
@@ -520,9 +520,12 @@ def test_nvlink_errors_rise_on_one_link_and_stay_counted() -> None:
     scrape(source)
     sim.nvlink_errors(1, link=3, seconds=10)
     clock.advance(5)
+    text = scrape(source)  # read every LINK_ERRORS_EVERY seconds: the last answer (0) until then
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 0
+    clock.advance(LINK_ERRORS_EVERY - 5)
     text = scrape(source)
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 1000
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="replay") == 10
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2000
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="replay") == 20
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="recovery") == 0
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="2", error_type="crc_flit") == 0
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="0", link="3", error_type="crc_flit") == 0
@@ -554,7 +557,7 @@ def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> No
 
     sim.device_nvlink_error_count = counting  # type: ignore[method-assign]
     for _ in range(3):
-        clock.advance(1)
+        clock.advance(LINK_ERRORS_EVERY)  # the link error counters are read this often
         batch = source.collect()
     assert batch.errors == []
     text = Renderer().render(batch, TEXT).decode()
@@ -593,7 +596,7 @@ def test_a_failing_nvlink_error_read_is_counted_and_absent_that_round_only() -> 
     batch = source.collect()
     assert batch.errors == ["nvml_unknown"]
     assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4 - 1
-    clock.advance(1)
+    clock.advance(LINK_ERRORS_EVERY)
     batch = source.collect()
     assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4
 

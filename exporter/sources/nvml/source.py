@@ -51,6 +51,9 @@ UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH)
 # data counters (transmit, receive)
 _FIELDS = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0), (FI_MEMORY_TEMP, 0)]
 _LINK_FIELDS = len(_FIELDS)
+# NVLink error counters cost one NVML call per link and counter (72 a poll on an H100): read this often,
+# in seconds; they only feed rates over minutes
+LINK_ERRORS_EVERY = 10.0
 UNANSWERED = -1  # internal: every query of a GPU failed (the failures are counted one by one)
 
 
@@ -79,6 +82,10 @@ class _GpuState:
     minor: int | None = None  # /dev/nvidia<minor>; None when the driver does not say
     # label tuples of its series, built once per identity (`labels`): per reading, per NVLink link, per PID
     series_labels: _SeriesLabels | None = None
+    # NVLink error counters: read every LINK_ERRORS_EVERY seconds (one NVML call per link and counter),
+    # the last answers exported in between
+    link_errors_at: float | None = None
+    link_error_rows: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
 
 
 class _SeriesLabels:
@@ -349,6 +356,12 @@ class NvmlSource(Source):
                              rows: list[tuple[tuple[str, ...], Any]]) -> None:
         """Each active link's data-link error counters (one NVML call each); an unsupported counter is remembered
         per link and counter, and its series stays absent."""
+        now = self._clock()
+        if gpu.link_errors_at is not None and 0 <= now - gpu.link_errors_at < LINK_ERRORS_EVERY:
+            rows += gpu.link_error_rows  # counters: the last answer stays true until the next read
+            return
+        gpu.link_errors_at = now
+        start = len(rows)
         unsupported, handle, call, answers = gpu.unsupported, gpu.handle, self.backend.device_nvlink_error_count, 0
         for link, counters in cached.link_errors:
             for counter, key, counter_labels in counters:
@@ -362,6 +375,7 @@ class NvmlSource(Source):
                 answers += 1
                 rows.append((counter_labels, count))
         self._answers += answers
+        gpu.link_error_rows = rows[start:]
 
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.
