@@ -40,10 +40,8 @@ def dcgm_config(**keys: object):  # type: ignore[no-untyped-def]
 
 
 def start(source: DcgmSource) -> None:
-    """The first collection: DCGM starts watching and has no full period yet, so nothing usable."""
-    with pytest.raises(SourceError) as info:
-        source.collect()
-    assert info.value.reason == "dcgm_no_values"
+    """The first collection: DCGM starts watching, and has values at once (as after UpdateAllFields)."""
+    source.collect()
 
 
 class Rig:
@@ -77,8 +75,8 @@ class Rig:
 
 def test_every_field_matches_the_simulators_truth_over_dcgms_last_period() -> None:
     rig = Rig(2)
-    rig.scrape()  # watch starts; DCGM has no full period yet: nothing usable, the source is down
-    assert rig.down == "dcgm_no_values"
+    rig.scrape()  # watch starts
+    assert rig.down is None
     for _ in range(30):
         text = rig.scrape(1.7)
         t0, t1 = rig.dcgm.latest_period()
@@ -268,7 +266,6 @@ def test_until_nvml_has_identified_the_gpus_the_source_waits_rather_than_guess_l
     sim = SimulatedGpus(2, clock=clock)
     inventory = NodeGpus()  # the nvml source runs but has not identified any GPU yet
     source = DcgmSource(dcgm_config(), SimulatedDcgm(sim), inventory, clock=clock)
-    start(source)  # DCGM starts watching
     clock.advance(2)
     with pytest.raises(SourceError) as info:
         source.collect()

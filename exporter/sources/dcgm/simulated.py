@@ -115,7 +115,9 @@ class SimulatedDcgm:
             self._watched = tuple(field_ids)
             self._entities = tuple(entities)
             self._interval = interval
-            self._watch_start = self._clock()
+            # DCGM's UpdateAllFields(1), which the bindings call right after watching, makes it sample at
+            # once: the first read finds values. Here, as if it had watched one period more already.
+            self._watch_start = self._clock() - 2 * interval
 
     def latest_period(self, now: float | None = None) -> tuple[float, float]:
         """The sampling period whose averages `latest()` returns at `now` (sim-clock times)."""
