@@ -10,16 +10,19 @@ from .core.daemon import Daemon, Scheduled
 from .core.gpus import NodeGpus
 from .sources import SOURCES
 from .sources.base import Node
+from .sources.fabric.backends import simulated_fabric
 from .sources.nvml.backends import fault_schedule, make_backend
 
 log = logging.getLogger(__name__)
 
 
-def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None) -> Daemon:
-    """`backend`/`dcgm_backend`: GPU and DCGM backends to use instead of the ones the config names (tests).
-    May raise ConfigError (e.g. an unreadable token file), before anything binds a port."""
-    node = Node(config=config, gpu_backend=backend if backend is not None else make_backend(config.simulate),
-                gpus=NodeGpus(), dcgm_backend=dcgm_backend)
+def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None, fabric: Any = None) -> Daemon:
+    """`backend`/`dcgm_backend`/`fabric`: GPU and DCGM backends and a sysfs view to use instead of the ones the
+    config names (tests). May raise ConfigError (e.g. an unreadable token file), before anything binds a port."""
+    gpu_backend = backend if backend is not None else make_backend(config.simulate)
+    if fabric is None:
+        fabric = simulated_fabric(gpu_backend, config.simulate)
+    node = Node(config=config, gpu_backend=gpu_backend, gpus=NodeGpus(), dcgm_backend=dcgm_backend, fabric=fabric)
     scheduled = []
     for spec in SOURCES:
         settings = getattr(config, spec.name)
@@ -27,6 +30,6 @@ def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None) 
             log.info("source %s is disabled", spec.name)
             continue
         scheduled.append(Scheduled(spec.build(node, settings), settings.interval, settings.timeout))
-    faults = fault_schedule(node.gpu_backend, config.simulate)
+    faults = fault_schedule(node.gpu_backend, config.simulate, node.fabric)
     return Daemon(scheduled, node.gpu_backend.name, order=[spec.name for spec in SOURCES],
                   on_start=[faults] if faults else [])

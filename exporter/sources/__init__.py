@@ -13,7 +13,7 @@ from ..core import health
 from ..core.catalog import Metric, gather
 from .base import SourceSpec
 
-NAMES = ("nvml", "dcgm", "host", "ingest", "flight", "kubelet", "process")
+NAMES = ("nvml", "dcgm", "fabric", "host", "ingest", "flight", "kubelet", "process")
 
 SOURCES: tuple[SourceSpec, ...] = tuple(import_module(f"{__name__}.{name}").SPEC for name in NAMES)
 BY_NAME: dict[str, SourceSpec] = {spec.name: spec for spec in SOURCES}

@@ -26,6 +26,7 @@ class Node:
     gpu_backend: Any  # sources.nvml.api.GpuBackend: the NVML library, or the simulated GPUs
     gpus: NodeGpus  # filled by the nvml source, read by the others
     dcgm_backend: Any = None  # sources.dcgm.api.DcgmBackend; None: the dcgm source makes its own
+    fabric: Any = None  # sources.fabric.sysfs.SysfsView: the simulated fabric; None: the host's sysfs
     # what processes declared over the events socket (ingest's, for process): set by a source built earlier
     declarations: Callable[[], Any] | None = None
 

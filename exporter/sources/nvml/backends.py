@@ -26,11 +26,12 @@ def make_backend(simulate: SimulateConfig) -> GpuBackend:
     return NvmlLibrary()
 
 
-def fault_schedule(backend: GpuBackend, simulate: SimulateConfig) -> Callable[[threading.Event], object] | None:
-    """What injects `simulate.faults` into simulated GPUs once the daemon runs; None when there is nothing to
-    inject (no faults, or real GPUs)."""
+def fault_schedule(backend: GpuBackend, simulate: SimulateConfig,
+                   fabric: object = None) -> Callable[[threading.Event], object] | None:
+    """What injects `simulate.faults` into simulated GPUs (and the simulated `fabric`, if any) once the daemon
+    runs; None when there is nothing to inject (no faults, or real GPUs)."""
     from .simulated import SimulatedGpus, schedule_faults
 
     if not simulate.faults or not isinstance(backend, SimulatedGpus):
         return None
-    return lambda stop: schedule_faults(backend, simulate.faults, stop)
+    return lambda stop: schedule_faults(backend, simulate.faults, stop, fabric)

@@ -14,7 +14,8 @@ class NvmlConfig(SourceConfig):
 
 
 FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise", "row_remap_pending", "pcie_degraded",
-                    "nvlink_errors"]
+                    "nvlink_errors", "link_down", "link_flap", "symbol_errors", "congestion", "link_degraded"]
+FABRIC_FAULTS = frozenset({"link_down", "link_flap", "symbol_errors", "congestion", "link_degraded"})
 
 
 class FaultSpec(Section):
@@ -23,13 +24,16 @@ class FaultSpec(Section):
     kind: FaultKind = Field(description=(
         "One of: lost, xid, ecc, throttle, hang (NVML calls block), raise, row_remap_pending (an uncorrectable "
         "error's row remap waits for a reset), pcie_degraded (the PCIe link trains at gen 3 x8, below gen 5 x16), "
-        "nvlink_errors (CRC and replay errors rise on a link)."))
+        "nvlink_errors (CRC and replay errors rise on a link); on the simulated fabric's NIC `nic`: link_down, "
+        "link_flap (down 1 s every 4 s), symbol_errors, congestion (ECN marks and CNPs), link_degraded (half "
+        "rate)."))
     xid: int = Field(79, ge=0, description="XID code for kind=xid.")
     count: int = Field(1, ge=1, description="Number of errors for kind=ecc / xid.")
     uncorrected: bool = Field(False, description="For kind=ecc: uncorrected errors.")
     reason: Literal["power", "thermal"] = Field("thermal", description="For kind=throttle.")
     duration: Duration = Field(30.0, description="How long a throttle, hang or burst of NVLink errors lasts.")
     link: int = Field(0, ge=0, lt=18, description="For kind=nvlink_errors: the NVLink link (a simulated H100 has 18).")
+    nic: int = Field(0, ge=0, description="For the fabric kinds: the simulated NIC (mlx5_<nic>).")
 
 
 def simulate_shorthand(value: Any) -> Any:
@@ -46,11 +50,20 @@ class SimulateConfig(Section):
         "square: busy/idle alternating exactly.")
     busy: Duration = Field(0.1, description="Busy time per cycle for pattern=square.")
     idle: Duration = Field(0.1, description="Idle time per cycle for pattern=square.")
+    nics: int | None = Field(
+        None, ge=0, le=64, description="Simulated RDMA NICs for the fabric source, NIC i on GPU i's PCIe "
+        "switch; default one per simulated GPU, at most 8.")
     faults: list[FaultSpec] = Field(default_factory=list, description="Faults injected on a schedule.")
+
+    @property
+    def nic_count(self) -> int:
+        return min(self.gpus, 8) if self.nics is None else self.nics
 
     @model_validator(mode="after")
     def _faults_name_simulated_gpus(self) -> SimulateConfig:
         for i, fault in enumerate(self.faults):
             if fault.gpu >= self.gpus:
                 raise ValueError(f"faults.{i}.gpu: GPU {fault.gpu} is not simulated (gpus: {self.gpus})")
+            if fault.kind in FABRIC_FAULTS and fault.nic >= self.nic_count:
+                raise ValueError(f"faults.{i}.nic: NIC {fault.nic} is not simulated (nics: {self.nic_count})")
         return self

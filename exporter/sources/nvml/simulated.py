@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from .api import (
     FI_MEMORY_TEMP,
@@ -40,6 +41,7 @@ from .api import (
     Process,
     XidEvent,
 )
+from .settings import FABRIC_FAULTS
 
 log = logging.getLogger(__name__)
 
@@ -300,6 +302,11 @@ class SimulatedGpus:
     @property
     def count(self) -> int:
         return len(self._gpus)
+
+    def pci_bus_ids(self) -> list[str]:
+        """The GPUs' PCI addresses as NVML gives them, in index order (the simulated fabric's PCI tree holds
+        them)."""
+        return [gpu.pci_bus_id for gpu in self._gpus]
 
     def truth_idle_seconds(self, index: int, t0: float, t1: float) -> float:
         """Exact idle seconds of GPU `index` between two sim-clock times."""
@@ -781,14 +788,22 @@ class SimulatedGpus:
         return events
 
 
-def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event) -> threading.Thread:
-    """Inject config-scheduled faults (`simulate.faults`) at their offsets from now."""
+def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event, fabric: Any = None) -> threading.Thread:
+    """Inject config-scheduled faults (`simulate.faults`) at their offsets from now; the fabric kinds into
+    `fabric` (a sources.fabric.simulated.SimulatedFabric), when there is one."""
 
     def run() -> None:
         start = time.monotonic()
         for fault in sorted(faults, key=lambda f: f.at):
             if stop.wait(max(0.0, start + fault.at - time.monotonic())):
                 return
+            if fault.kind in FABRIC_FAULTS:
+                if fabric is None:
+                    log.error("simulate: no simulated fabric for fault %s (is the fabric source off?)", fault.kind)
+                    continue
+                log.warning("simulate: injecting %s on NIC %d", fault.kind, fault.nic)
+                fabric.inject(fault.kind, fault.nic)
+                continue
             if fault.gpu >= sim.count:
                 log.error("simulate: fault names GPU %d, only %d simulated", fault.gpu, sim.count)
                 continue

@@ -1,0 +1,22 @@
+"""Which sysfs the fabric source reads: the host's, unless GPUs are simulated, in which case their fabric is
+simulated too (NICs beside the simulated GPUs). This is the one place that chooses."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def simulated_fabric(gpu_backend: Any, simulate: Any) -> Any:
+    """A SimulatedFabric beside simulated GPUs (`simulate.nic_count` NICs); None for real GPUs (the fabric
+    source then reads the host's sysfs at `fabric.sysfs_path`)."""
+    from ..nvml.simulated import SimulatedGpus
+
+    if not isinstance(gpu_backend, SimulatedGpus):
+        return None
+    from .simulated import SimulatedFabric
+
+    log.warning("using a SIMULATED fabric of %d NICs: these are not real measurements", simulate.nic_count)
+    return SimulatedFabric(gpu_backend.pci_bus_ids(), nics=simulate.nic_count)
