@@ -10,13 +10,14 @@ log = logging.getLogger(__name__)
 
 
 def simulated_fabric(gpu_backend: Any, simulate: Any) -> Any:
-    """A SimulatedFabric beside simulated GPUs (`simulate.nic_count` NICs); None for real GPUs (the fabric
-    source then reads the host's sysfs at `fabric.sysfs_path`)."""
+    """A SimulatedFabric beside simulated GPUs (`simulate.nics` NICs, default one per GPU up to 8); None for
+    real GPUs (the fabric source then reads the host's sysfs at `fabric.sysfs_path`)."""
     from ..nvml.simulated import SimulatedGpus
 
     if not isinstance(gpu_backend, SimulatedGpus):
         return None
     from .simulated import SimulatedFabric
 
-    log.warning("using a SIMULATED fabric of %d NICs: these are not real measurements", simulate.nic_count)
-    return SimulatedFabric(gpu_backend.pci_bus_ids(), nics=simulate.nic_count)
+    nics = min(gpu_backend.count, 8) if simulate.nics is None else simulate.nics
+    log.warning("using a SIMULATED fabric of %d NICs: these are not real measurements", nics)
+    return SimulatedFabric(gpu_backend.pci_bus_ids(), nics=nics)

@@ -12,7 +12,7 @@ import re
 
 from ...core.exposition import Batch
 from ...core.gpus import NodeGpus
-from ..base import Source
+from ..base import Source, SourceError
 from . import ethernet, rdma
 from . import metrics as c
 from .counters import Wraps
@@ -39,6 +39,9 @@ class FabricSource(Source):
         log.info("fabric: reading %s", self.view.name)
 
     def collect(self) -> Batch:
+        if not self.view.exists("class/net"):  # every Linux sysfs has it, even without a network interface
+            raise SourceError("fabric_no_sysfs", f"{self.view.name} has no class/net: is the host's /sys mounted "
+                              "there (fabric.sysfs_path)?")
         batch = Batch()
         self.problems.begin()
         rdma.collect(self.view, batch, self.wraps, self.problems)

@@ -11,6 +11,7 @@ world-readable, so when environ is refused a Slurm job id can still come from th
 from __future__ import annotations
 
 import re
+from collections.abc import Collection
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -38,8 +39,9 @@ class ProcessIdentity:
     rank: int | None = None
 
 
-def parse_environ(data: bytes, truncated: bool = False) -> dict[str, str]:
-    """NUL-separated NAME=value pairs -> the launcher variables among them (others are not kept).
+def parse_environ(data: bytes, truncated: bool = False, names: Collection[str] = VARIABLES) -> dict[str, str]:
+    """NUL-separated NAME=value pairs -> those among `names` (the launcher variables by default; others are
+    not kept).
 
     `truncated`: the read stopped at MAX_ENVIRON_BYTES, so the last item may be cut short and is
     dropped. A name given twice keeps its first value, as getenv() in glibc and os.environ do."""
@@ -51,9 +53,28 @@ def parse_environ(data: bytes, truncated: bool = False) -> dict[str, str]:
         name, sep, value = item.partition(b"=")
         if sep:
             key = name.decode("ascii", errors="replace")
-            if key in VARIABLES and key not in out:
+            if key in names and key not in out:
                 out[key] = value.decode("utf-8", errors="replace")
     return out
+
+
+class Invisible(Exception):
+    """The process is not in our PID namespace, or is gone."""
+
+
+def read_environ(proc: Path, pid: int, names: Collection[str] = VARIABLES) -> dict[str, str] | None:
+    """The variables among `names` that `pid` was exec'd with; None when its environ may not be read (no
+    ptrace access). Raises Invisible for a process that is gone or not in our PID namespace."""
+    try:
+        with open(proc / str(pid) / "environ", "rb") as handle:
+            data = handle.read(MAX_ENVIRON_BYTES + 1)
+    except FileNotFoundError:
+        raise Invisible(pid) from None
+    except (PermissionError, ProcessLookupError):
+        return None
+    except OSError:  # e.g. ESRCH while the process exits
+        raise Invisible(pid) from None
+    return parse_environ(data[:MAX_ENVIRON_BYTES], truncated=len(data) > MAX_ENVIRON_BYTES, names=names)
 
 
 def slurm_job_from_cgroup(text: str) -> str | None:
@@ -68,16 +89,9 @@ def read_identity(proc: Path, pid: int) -> ProcessIdentity:
     """The launcher identity of `pid` under the procfs mounted at `proc`. Never raises for a process
     that is gone, invisible or not ours to read: the outcome says which."""
     base = proc / str(pid)
-    env: dict[str, str] | None = None
     try:
-        with open(base / "environ", "rb") as handle:
-            data = handle.read(MAX_ENVIRON_BYTES + 1)
-        env = parse_environ(data[:MAX_ENVIRON_BYTES], truncated=len(data) > MAX_ENVIRON_BYTES)
-    except FileNotFoundError:
-        return ProcessIdentity(Outcome.INVISIBLE)
-    except (PermissionError, ProcessLookupError):
-        env = None
-    except OSError:  # e.g. ESRCH while the process exits
+        env = read_environ(proc, pid)
+    except Invisible:
         return ProcessIdentity(Outcome.INVISIBLE)
     if env is not None:
         workload = workload_from(env)

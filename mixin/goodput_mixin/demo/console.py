@@ -15,9 +15,15 @@ from exporter.core.settings import parse_listen_address
 
 from .stack import WORKLOAD, Ports, Stack, StackError
 
-FAULTS = ("straggler", "stall", "skip", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors")
+FAULTS = ("straggler", "stall", "skip", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors", "link_down",
+          "link_flap", "symbol_errors", "congestion", "link_degraded")
 # the GPU each GPU fault hits (ranks hold GPUs 0 to ranks-1; a fault on a held GPU shows on the job's dashboards)
 FAULT_GPU = {"xid": 0, "row_remap_pending": 1, "pcie_degraded": 2, "nvlink_errors": 3}
+# the NIC each fabric fault hits (NIC i shares a PCIe switch with GPU i)
+FAULT_NIC = {"link_down": 0, "link_flap": 1, "symbol_errors": 2, "congestion": 3, "link_degraded": 4}
+FABRIC_ALERTS = {"link_down": "GoodputFabricLinkDown", "link_flap": "GoodputFabricLinkFlapping",
+                 "symbol_errors": "GoodputFabricErrors", "congestion": "GoodputFabricCongestion",
+                 "link_degraded": "GoodputFabricLinkDown"}
 
 
 def _inject(stack: Stack, fault: str) -> str:
@@ -32,6 +38,12 @@ def _inject(stack: Stack, fault: str) -> str:
     if fault == "skip":
         job.set_skipping(1)
         return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+    if fault in FAULT_NIC:
+        nic = FAULT_NIC[fault] % len(stack.fabric.nics)
+        stack.fabric.inject(fault, nic)
+        if fault == "congestion":  # what congestion does to the job: every collective takes longer
+            job.set_slow_network(True)
+        return f"{fault} on NIC {nic} ({stack.fabric.nics[nic].device}) ({FABRIC_ALERTS[fault]})"
     gpu = FAULT_GPU[fault] % stack.gpus.count
     if fault == "row_remap_pending":
         stack.gpus.remap_row(gpu, uncorrected=True)
@@ -55,6 +67,10 @@ def _clear(stack: Stack, fault: str) -> str | None:
         job.set_data_stall(False)
     elif fault == "skip":
         job.set_skipping(None)
+    elif fault in FAULT_NIC:
+        stack.fabric.restore(FAULT_NIC[fault] % len(stack.fabric.nics))
+        if fault == "congestion":
+            job.set_slow_network(False)
     elif fault == "row_remap_pending":
         stack.gpus.reset(FAULT_GPU[fault] % stack.gpus.count)
         return f"{fault} cleared: GPU {FAULT_GPU[fault] % stack.gpus.count} reset (its remapped row stays counted)"

@@ -29,6 +29,7 @@ class Faults:
     slowdown: float = 3.0
     data_stall: bool = False  # every rank waits 10x longer for data
     skipping: int | None = None  # this rank does not enqueue the next collective
+    slow_network: bool = False  # every collective takes a step's worth longer (a congested fabric)
 
 
 @dataclass
@@ -74,6 +75,9 @@ class SimulatedJob:
     def set_skipping(self, rank: int | None) -> None:
         self.faults.skipping = rank
 
+    def set_slow_network(self, on: bool) -> None:
+        self.faults.slow_network = on
+
     # --- running -----------------------------------------------------------------------------------
 
     def start(self) -> SimulatedJob:
@@ -118,6 +122,8 @@ class SimulatedJob:
                 try:
                     self._barrier.wait()
                 except threading.BrokenBarrierError:
+                    break
+                if self.faults.slow_network and not self._sleep(self.step_seconds):
                     break
                 with self._lock:
                     collective.completed = True

@@ -24,6 +24,7 @@ from exporter.assemble import build_daemon
 from exporter.config import load
 from exporter.core.daemon import Daemon
 from exporter.core.http import ServerThread, bind, create_app
+from exporter.sources.fabric.simulated import SimulatedFabric
 from exporter.sources.nvml.simulated import SimulatedGpus
 
 from ..rules.render import rule_files
@@ -80,6 +81,7 @@ class Stack:
         self.webhook_url = webhook_url
         self.settings = settings
         self.gpus = SimulatedGpus(gpus)
+        self.fabric = SimulatedFabric(self.gpus.pci_bus_ids())  # NIC i on GPU i's PCIe switch
         self.job: SimulatedJob | None = None
         self.daemon: Daemon | None = None
         self._server: ServerThread | None = None
@@ -128,12 +130,13 @@ class Stack:
         config = load(None, {
             "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
             "nvml": {"interval": "1s"}, "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
+            "fabric": {"interval": "1s"},
             "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock")},
             "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
             "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
         sock = bind(config.web.listen_address)
-        self.daemon = build_daemon(config, backend=self.gpus)
+        self.daemon = build_daemon(config, backend=self.gpus, fabric=self.fabric)
         self.daemon.start()
         self._server = ServerThread(create_app(self.daemon), [sock], "demo-http")
         self._server.start()

@@ -1,0 +1,139 @@
+"""The fabric source over the simulated fabric (ground truth, faults on a clock the test drives), the counter
+bookkeeping, and how the source behaves without a sysfs. Real sysfs layouts are in test_fabric_sysfs.py, the
+real /sys/class/net in test_fabric_net.py, the PCI topology in test_fabric_topology.py."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from exporter.config import load
+from exporter.core.exposition import Batch
+from exporter.core.gpus import NodeGpus
+from exporter.core.source import SourceError
+from exporter.sources.fabric import metrics as c
+from exporter.sources.fabric.counters import WRAP_32, Wraps
+from exporter.sources.fabric.simulated import FLAP_PERIOD, RATE_GBPS, SimulatedFabric
+from exporter.sources.fabric.source import FabricSource
+from exporter.sources.fabric.sysfs import HostSysfs
+from exporter.sources.nvml.simulated import SimulatedGpus, schedule_faults
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _fabric(gpus: int = 4) -> tuple[SimulatedFabric, Clock, FabricSource]:
+    clock = Clock()
+    fabric = SimulatedFabric(SimulatedGpus(gpus).pci_bus_ids(), clock=clock)
+    return fabric, clock, FabricSource(fabric, NodeGpus())
+
+
+def _value(batch: Batch, metric: object, *labels: str) -> float | None:
+    for got, value in batch.series.get(metric, []):  # type: ignore[call-overload]
+        if got == labels:
+            return value
+    return None
+
+
+def test_exported_counters_are_the_simulated_ground_truth_in_bytes() -> None:
+    fabric, clock, source = _fabric()
+    clock.now += 10.0
+    batch = source.collect()
+    truth = fabric.ground_truth(1)
+    # the simulated port counts 4-octet words, as sysfs does; the source exports bytes
+    assert _value(batch, c.PORT_TX_BYTES, "mlx5_1", "1") == truth["port_xmit_data"] * 4
+    assert _value(batch, c.PORT_RX_PACKETS, "mlx5_1", "1") == truth["port_rcv_packets"]
+    expected_bytes = RATE_GBPS * 1e9 / 8 * 0.25 * 10.0  # TRAFFIC_SHARE of the link for 10 s
+    assert _value(batch, c.PORT_TX_BYTES, "mlx5_1", "1") == pytest.approx(expected_bytes, rel=1e-6)
+    assert _value(batch, c.PORT_RATE, "mlx5_1", "1") == RATE_GBPS * 1e9 / 8
+    assert _value(batch, c.PORT_STATE, "mlx5_1", "1") == 4
+    assert _value(batch, c.PORT_INFO, "mlx5_1", "1", "Ethernet", "ens1np0") == 1
+    # the netdev behind the RoCE port is read as an interface too, and the management NIC; lo is not
+    assert _value(batch, c.IFACE_UP, "ens1np0") == 1
+    assert _value(batch, c.IFACE_SPEED, "ens1np0") == RATE_GBPS * 1e9 / 8
+    assert {labels[0] for labels, _ in batch.series[c.IFACE_UP]} == {"eno1", *(f"ens{i}np0" for i in range(4))}
+    assert c.UNREADABLE not in batch.series
+
+
+def test_a_link_that_goes_down_reports_state_counter_and_carrier() -> None:
+    fabric, clock, source = _fabric()
+    before = source.collect()
+    fabric.link_down(0)
+    clock.now += 5.0
+    after = source.collect()
+    assert _value(after, c.PORT_STATE, "mlx5_0", "1") == 1
+    assert _value(after, c.PORT_PHYS_STATE, "mlx5_0", "1") == 3
+    assert _value(after, c.PORT_LINK_DOWNED, "mlx5_0", "1") == _value(before, c.PORT_LINK_DOWNED, "mlx5_0", "1") + 1
+    assert _value(after, c.IFACE_UP, "ens0np0") == 0
+    assert _value(after, c.IFACE_SPEED, "ens0np0") is None  # no speed while down, and not a read failure
+    assert _value(after, c.PORT_TX_BYTES, "mlx5_0", "1") == _value(before, c.PORT_TX_BYTES, "mlx5_0", "1")
+    assert c.UNREADABLE not in after.series
+    fabric.restore(0)
+    clock.now += 1.0
+    healed = source.collect()
+    assert _value(healed, c.PORT_STATE, "mlx5_0", "1") == 4
+    assert _value(healed, c.IFACE_CARRIER_CHANGES, "ens0np0") == 2  # down, then up
+
+
+def test_a_flapping_link_counts_one_down_per_period() -> None:
+    fabric, clock, source = _fabric()
+    fabric.link_flap(1)
+    clock.now += 3 * FLAP_PERIOD - 0.5
+    batch = source.collect()
+    assert _value(batch, c.PORT_LINK_DOWNED, "mlx5_1", "1") == 3
+    assert _value(batch, c.IFACE_CARRIER_CHANGES, "ens1np0") == 6
+
+
+def test_errors_congestion_and_a_degraded_link_rise_at_their_rates() -> None:
+    fabric, clock, source = _fabric()
+    fabric.symbol_errors(2, per_second=10.0)
+    fabric.congestion(3, marks_per_second=1000.0)
+    fabric.link_degraded(0)
+    clock.now += 20.0
+    batch = source.collect()
+    assert _value(batch, c.PORT_ERRORS, "mlx5_2", "1", "symbol_error") == 200
+    assert _value(batch, c.PORT_ERRORS, "mlx5_1", "1", "symbol_error") == 0
+    assert _value(batch, c.PORT_CONGESTION, "mlx5_3", "1", "np_ecn_marked_roce_packets") == 20_000
+    assert _value(batch, c.PORT_CONGESTION, "mlx5_3", "1", "rp_cnp_handled") == 5_000
+    assert _value(batch, c.PORT_RATE, "mlx5_0", "1") == RATE_GBPS / 2 * 1e9 / 8
+    assert _value(batch, c.PORT_RATE, "mlx5_1", "1") == RATE_GBPS * 1e9 / 8
+
+
+def test_a_32_bit_counter_that_wraps_keeps_rising_and_a_reset_is_left_to_prometheus() -> None:
+    wraps = Wraps()
+    assert wraps.value(("a",), WRAP_32 - 100) == WRAP_32 - 100
+    assert wraps.value(("a",), 50) == WRAP_32 + 50  # wrapped: 150 events, not a reset
+    assert wraps.value(("a",), 400) == WRAP_32 + 400
+    assert wraps.value(("b",), 1_000_000) == 1_000_000
+    assert wraps.value(("b",), 10) == 10  # a drop from the lower half is a reset (driver reload)
+    wraps.sweep()
+    wraps.value(("a",), 500)
+    wraps.sweep()  # b was not seen in the last collection: forgotten
+    assert wraps.value(("b",), 5) == 5
+
+
+def test_a_sysfs_without_class_net_marks_the_source_down_with_the_path(tmp_path: object) -> None:
+    source = FabricSource(HostSysfs(str(tmp_path)), NodeGpus())
+    with pytest.raises(SourceError) as err:
+        source.collect()
+    assert err.value.reason == "fabric_no_sysfs" and str(tmp_path) in str(err.value)
+
+
+def test_scheduled_fabric_faults_reach_the_simulated_nic() -> None:
+    config = load(None, {"simulate": {"gpus": 2, "faults": [{"at": "1ms", "kind": "link_down", "nic": 1}]}},
+                  environ={})
+    fabric, _, source = _fabric(2)
+    stop = threading.Event()
+    schedule_faults(SimulatedGpus(2), config.simulate.faults, stop, fabric).join(5)
+    assert _value(source.collect(), c.PORT_STATE, "mlx5_1", "1") == 1
+
+
+def test_a_fault_on_a_nic_that_is_not_simulated_is_refused() -> None:
+    with pytest.raises(Exception, match="NIC 2 is not simulated"):
+        load(None, {"simulate": {"gpus": 2, "faults": [{"at": "1s", "kind": "congestion", "nic": 2}]}}, environ={})
