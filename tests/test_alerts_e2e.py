@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import httpx
 import pytest
 from goodput_mixin.demo.stack import WORKLOAD, Ports, Stack
 
@@ -123,3 +124,67 @@ def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook]) -> None:
                       ("GoodputGPUNVLinkErrors", "0")):
         assert not [a for _, a in webhook.received if a["alertname"] == name and a["gpu"] != gpu], name
     assert not [a for _, a in webhook.received if a["alertname"] == "GoodputGPUNVLinkErrors" and a["link"] != "0"]
+
+
+FABRIC_ALERTS = ("GoodputFabricLinkDown", "GoodputFabricLinkFlapping", "GoodputFabricErrors",
+                 "GoodputFabricCongestion")
+
+
+def _fabric_alerts_seen(live: Stack, seconds: float) -> list[dict[str, str]]:
+    """Every fabric alert Prometheus had pending or firing in the last `seconds`."""
+    query = f'ALERTS{{alertname=~"{"|".join(FABRIC_ALERTS)}"}}[{int(seconds)}s]'
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    return [series["metric"] for series in response.json()["data"]["result"]]
+
+
+@pytest.fixture
+def fabric_stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
+    """Four GPUs and ranks, five NICs: NIC 4 sits beside no GPU, so a fault there is apart from the others."""
+    webhook = Webhook()
+    live = Stack(tmp_path, Ports.free(), gpus=4, ranks=4, webhook_url=webhook.url, nics=5).start()
+    try:
+        yield live, webhook
+    finally:
+        live.stop()
+        webhook.close()
+
+
+def test_fabric_faults_page_and_resolve_and_a_healthy_fabric_stays_silent(
+        fabric_stack: tuple[Stack, Webhook]) -> None:
+    """A healthy run first, then on one stack at once: NIC 0's link goes down, NIC 1's flaps, NIC 2 counts symbol
+    errors, NIC 3's port is congested while the job's collectives slow down, and (on a NIC beside no fault) a
+    link trains at half rate; each pages, and resolves once restored. The healthy run lasts at least as long as
+    the faults then take to page, and no fabric alert is pending or firing in it."""
+    live, webhook = fabric_stack
+    assert live.job is not None
+    healthy = 75.0
+    time.sleep(healthy)
+    assert _fabric_alerts_seen(live, healthy) == []
+    started = time.monotonic()
+    live.fabric.link_down(0)
+    live.fabric.link_flap(1)
+    live.fabric.symbol_errors(2)
+    live.fabric.congestion(3)
+    live.job.set_slow_network(True)
+    degraded = 4
+    live.fabric.link_degraded(degraded)
+    down = webhook.wait("firing", "GoodputFabricLinkDown", device="mlx5_0")
+    assert down["severity"] == "critical" and down["port"] == "1"
+    webhook.wait("firing", "GoodputFabricLinkDown", device=f"mlx5_{degraded}")
+    webhook.wait("firing", "GoodputFabricLinkFlapping", device="mlx5_1")
+    webhook.wait("firing", "GoodputFabricErrors", device="mlx5_2")
+    webhook.wait("firing", "GoodputFabricCongestion", device="mlx5_3")
+    assert time.monotonic() - started <= healthy, "the healthy run was shorter than the faults took to page"
+    for nic in range(len(live.fabric.nics)):
+        live.fabric.restore(nic)
+    live.job.set_slow_network(False)
+    webhook.wait("resolved", "GoodputFabricLinkDown", device="mlx5_0")
+    webhook.wait("resolved", "GoodputFabricLinkFlapping", device="mlx5_1")
+    webhook.wait("resolved", "GoodputFabricErrors", device="mlx5_2")
+    webhook.wait("resolved", "GoodputFabricCongestion", device="mlx5_3")
+    # each alert on the NIC of its fault only (the degraded link is a LinkDown of its own NIC)
+    expected = {"GoodputFabricLinkDown": {"mlx5_0", f"mlx5_{degraded}"}, "GoodputFabricLinkFlapping": {"mlx5_1"},
+                "GoodputFabricErrors": {"mlx5_2"}, "GoodputFabricCongestion": {"mlx5_3"}}
+    for name, devices in expected.items():
+        assert {a.get("device") for _, a in webhook.received if a["alertname"] == name} == devices, name

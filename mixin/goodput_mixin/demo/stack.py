@@ -74,14 +74,16 @@ class Ports:
 
 class Stack:
     def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
-                 webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS) -> None:
+                 webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS,
+                 nics: int | None = None) -> None:
         self.workdir = Path(workdir)
         self.ports = ports
         self.ranks = ranks
         self.webhook_url = webhook_url
         self.settings = settings
         self.gpus = SimulatedGpus(gpus)
-        self.fabric = SimulatedFabric(self.gpus.pci_bus_ids())  # NIC i on GPU i's PCIe switch
+        # NIC i on GPU i's PCIe switch; by default one per GPU, at most 8
+        self.fabric = SimulatedFabric(self.gpus.pci_bus_ids(), nics=nics)
         self.job: SimulatedJob | None = None
         self.daemon: Daemon | None = None
         self._server: ServerThread | None = None
