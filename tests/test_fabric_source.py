@@ -4,13 +4,17 @@ real /sys/class/net in test_fabric_net.py, the PCI topology in test_fabric_topol
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from exporter.config import load
 from exporter.core.exposition import Batch
-from exporter.core.gpus import NodeGpus
+from exporter.core.gpus import GpuHolder, GpuIdentity, NodeGpus
 from exporter.core.source import SourceError
 from exporter.sources.fabric import metrics as c
 from exporter.sources.fabric.counters import WRAP_32, Wraps
@@ -137,3 +141,47 @@ def test_scheduled_fabric_faults_reach_the_simulated_nic() -> None:
 def test_a_fault_on_a_nic_that_is_not_simulated_is_refused() -> None:
     with pytest.raises(Exception, match="NIC 2 is not simulated"):
         load(None, {"simulate": {"gpus": 2, "faults": [{"at": "1s", "kind": "congestion", "nic": 2}]}}, environ={})
+
+
+@pytest.fixture
+def children() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """Real processes started with the NCCL variables given (and none of this process's)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(**variables: str) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("NCCL_")} | variables
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], env=env)
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def test_the_simulated_node_has_each_gpu_beside_its_own_nic_and_flags_a_job_kept_off_it(
+        children: Callable[..., subprocess.Popen[bytes]]) -> None:
+    gpus = SimulatedGpus(4)
+    fabric = SimulatedFabric(gpus.pci_bus_ids())
+    uuids = [f"GPU-{i}" for i in range(4)]
+    table = NodeGpus()
+    identities = tuple(GpuIdentity(str(i), uuids[i], bus) for i, bus in enumerate(gpus.pci_bus_ids()))
+    off = children(NCCL_IB_HCA="=mlx5_1")  # GPU 0's job told to use GPU 1's NIC only
+    on = children(NCCL_IB_HCA="^mlx5_1")  # everything but mlx5_1: GPU 0's own NIC stays usable
+    plain = children()  # sets nothing: no verdict
+    table.replace({p.pid: (GpuHolder("0", uuids[0], frozenset()),) for p in (off, on, plain)}, identities)
+    batch = FabricSource(fabric, table).collect()
+    paths = {(labels[0], labels[2]): labels[4] for labels, _ in batch.series[c.GPU_NIC]}
+    # by construction (simulated.py): GPU i and NIC i share a switch; GPUs and NICs 0-1 on root complex
+    # pci0000:00 (NUMA 0), 2-3 on pci0000:80 (NUMA 1); eno1 straight on pci0000:00
+    assert paths[("0", "mlx5_0")] == "PIX" and paths[("3", "mlx5_3")] == "PIX"
+    assert paths[("0", "mlx5_1")] == "PHB" and paths[("0", "eno1")] == "PHB"
+    assert paths[("0", "mlx5_2")] == "SYS" and paths[("2", "mlx5_0")] == "SYS"
+    preferred = {(labels[0], labels[2], labels[3]) for labels, _ in batch.series[c.GPU_PREFERRED_NIC]}
+    assert preferred == {(str(i), f"mlx5_{i}", "1") for i in range(4)}
+    topo = {labels[0]: labels[3:] for labels, _ in batch.series[c.GPU_TOPOLOGY]}
+    assert topo["0"][0] == "0" and topo["3"][0] == "1"  # numa_node
+    assert topo["0"][2] == "0000:00" and topo["3"][2] == "0000:80"  # root complex
+    excluded = {labels[2]: (labels[3], value) for labels, value in batch.series[c.GPU_NIC_EXCLUDED]}
+    assert excluded == {str(off.pid): ("NCCL_IB_HCA", 1), str(on.pid): ("NCCL_IB_HCA", 0)}

@@ -7,10 +7,15 @@ Two kinds of narrow counter exist under an RDMA port:
   PortCountersExtended, which mlx5 has) and 4 to 16 bits for errors, and by the InfiniBand specification
   they *saturate*: they stop at their largest value instead of wrapping. A saturated counter is exported as
   read, and `goodput_fabric_port_counter_saturated` says its rate reads 0 until it is reset (`perfquery -R`).
-- mlx5's `hw_counters/` are the adapter's 32-bit queue counters, which *wrap*. A wrapped counter would look
-  to Prometheus like a reset and lose up to 2^32 events, so a drop from the upper half of the 32-bit range is
-  taken as a wrap and 2^32 is added from then on; any other drop is a reset (driver reload) and is exported as
-  read, which Prometheus' rate() handles as a reset.
+- mlx5's transport counters in `hw_counters/` (out_of_sequence, packet_seq_err, the retransmission ones) are
+  the adapter's 32-bit queue counters, which *wrap* (the kernel reads them with be32_to_cpu in
+  drivers/infiniband/hw/mlx5/counters.c). A wrapped counter would look to Prometheus like a reset and lose up
+  to 2^32 events, so a drop from the upper half of the 32-bit range is taken as a wrap and 2^32 is added from
+  then on; any other drop is a reset (driver reload) and is exported as read, which Prometheus' rate() handles
+  as a reset. Its congestion counters (np_*, rp_*) are 64-bit (read as a high/low pair, be64) and EFA's are
+  64-bit: a drop there is always a reset.
+A counter file that reads `N/A` (old kernels print `N/A (no PMA)` for adapters without a performance management
+agent) has no value: its series is absent, and it is not a read failure.
 Counter files count what their names say, except `port_xmit_data` and `port_rcv_data`, which count 4-octet
 words and are exported as bytes.
 """
@@ -64,9 +69,9 @@ def _q(metric: Metric, name: str) -> Counter:
     return Counter(metric, name, wraps=True)
 
 
-# hw_counters/<file>: mlx5's RoCE congestion and transport counters (32-bit, wrapping), and EFA's (64-bit)
+# hw_counters/<file>: mlx5's RoCE congestion (64-bit) and transport counters (32-bit, wrapping), and EFA's (64-bit)
 HW_COUNTERS: dict[str, Counter] = {
-    **{name: _q(c.PORT_CONGESTION, name) for name in (
+    **{name: Counter(c.PORT_CONGESTION, name) for name in (
         "np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "rp_cnp_ignored")},
     **{name: _q(c.PORT_RETRANSMISSION, name) for name in (
         "out_of_sequence", "packet_seq_err", "local_ack_timeout_err", "rnr_nak_retry_err", "implied_nak_seq_err",

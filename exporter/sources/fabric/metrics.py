@@ -16,8 +16,9 @@ IFACE = ("interface",)
 # --- RDMA ports: /sys/class/infiniband/<device>/ports/<port>/ -----------------------------------------------
 PORT_INFO = _m(
     "goodput_fabric_port_info", Kind.INFO, "",
-    "An RDMA port: its link layer (InfiniBand or Ethernet, i.e. RoCE) and, for RoCE, the network interface "
-    "behind it (empty when none). Value is always 1.", (*PORT, "link_layer", "netdev"))
+    "An RDMA port: its link layer as sysfs names it (InfiniBand; Ethernet, i.e. RoCE; Unknown, e.g. AWS EFA) "
+    "and, for RoCE, the network interface behind it (empty otherwise). Value is always 1.",
+    (*PORT, "link_layer", "netdev"))
 PORT_STATE = _m(
     "goodput_fabric_port_state", Kind.GAUGE, "",
     "Logical state of an RDMA port, as the number sysfs gives: 1 DOWN, 2 INIT, 3 ARMED, 4 ACTIVE, 5 "

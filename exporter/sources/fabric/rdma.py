@@ -28,8 +28,9 @@ def parse_rate(text: str) -> float | None:
 
 
 def netdevs(view: SysfsView, device: str) -> dict[str, str]:
-    """port -> the network interface of the device's PCI function serving it (RoCE's Ethernet interface,
-    InfiniBand's IPoIB one), by the interface's dev_port (0 for port 1)."""
+    """port -> the network interface of the device's PCI function serving it, by the interface's dev_port (0 for
+    port 1). Used for RoCE ports only: an InfiniBand port's IPoIB interface is not the port's netdev (the kernel's
+    own port-to-netdev link, gid_attrs/ndevs, is refused on an InfiniBand port)."""
     out: dict[str, str] = {}
     for netdev in listdir(view, f"{ROOT}/{device}/device/net"):
         try:
@@ -53,7 +54,7 @@ def _port(view: SysfsView, batch: Batch, wraps: Wraps, problems: Problems, devic
     base = f"{ROOT}/{device}/ports/{port}"
     labels = (device, port)
     link_layer = read_text(view, f"{base}/link_layer", device, problems)
-    batch.add(c.PORT_INFO, (*labels, link_layer or "", netdev), 1)
+    batch.add(c.PORT_INFO, (*labels, link_layer or "", netdev if link_layer == "Ethernet" else ""), 1)
     for name, metric in (("state", c.PORT_STATE), ("phys_state", c.PORT_PHYS_STATE)):
         text = read_text(view, f"{base}/{name}", device, problems)
         if text is not None:

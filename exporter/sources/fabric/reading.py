@@ -33,11 +33,14 @@ class Problems:
 
 
 def read_int(view: SysfsView, rel: str, device: str, problems: Problems) -> int | None:
-    """An integer file; None (and counted) when it cannot be read or holds no integer."""
+    """An integer file; None (and counted) when it cannot be read or holds no integer. None, not counted, for
+    `N/A` (`N/A (no PMA)`: the adapter has no such counter)."""
     try:
         text = view.read(rel)
     except OSError as exc:
         problems.failed(device, rel, exc.strerror or exc.__class__.__name__)
+        return None
+    if text.startswith("N/A"):
         return None
     try:
         return int(text, 0) if text.startswith("0x") else int(text)

@@ -9,19 +9,25 @@ from __future__ import annotations
 
 import logging
 import re
+import time
+from pathlib import Path
 
 from ...core.exposition import Batch
 from ...core.gpus import NodeGpus
 from ..base import Source, SourceError
-from . import ethernet, rdma
+from ..process.procenv import Invisible, read_environ
+from . import ethernet, nccl, rdma
 from . import metrics as c
 from .counters import Wraps
-from .reading import Problems
+from .reading import Problems, listdir
 from .sysfs import SysfsView
+from .topology import Topology, gpu_nic_paths
 
 log = logging.getLogger(__name__)
 
 TOPOLOGY_EVERY = 300.0
+# what decides which NICs NCCL may use (nccl.py): the two lists, and the variables that pick its transport
+NCCL_VARIABLES = frozenset({nccl.IB_HCA, nccl.SOCKET_IFNAME, "NCCL_IB_DISABLE", "NCCL_NET"})
 
 
 class FabricSource(Source):
@@ -34,6 +40,11 @@ class FabricSource(Source):
         self.proc_path = proc_path
         self.wraps = Wraps()
         self.problems = Problems()
+        self._topology: Topology | None = None
+        self._topology_key: tuple[object, ...] = ()
+        self._topology_at = 0.0
+        self._environ: dict[int, dict[str, str] | None] = {}  # pid -> its NCCL variables; None: unreadable
+        self._unplaced_logged: set[str] = set()
 
     def start(self) -> None:
         log.info("fabric: reading %s", self.view.name)
@@ -46,8 +57,73 @@ class FabricSource(Source):
         self.problems.begin()
         rdma.collect(self.view, batch, self.wraps, self.problems)
         ethernet.collect(self.view, batch, self.problems, self.pattern)
+        self._collect_topology(batch)
         self.wraps.sweep()
         for device, count in sorted(self.problems.unreadable.items()):
             batch.add(c.UNREADABLE, (device,), count)
         self.problems.end()
         return batch
+
+    # --- topology -----------------------------------------------------------------------------------------------
+
+    def _current_topology(self) -> Topology:
+        """The PCI topology, computed again when the GPUs or RDMA devices change, or every TOPOLOGY_EVERY s."""
+        gpus = tuple((int(g.gpu), g.uuid, g.pci_bus_id) for g in self.table.gpus() if g.gpu.isdigit())
+        key = (gpus, tuple(listdir(self.view, rdma.ROOT)), tuple(listdir(self.view, ethernet.ROOT)))
+        now = time.monotonic()
+        if self._topology is None or key != self._topology_key or now - self._topology_at >= TOPOLOGY_EVERY:
+            self._topology = gpu_nic_paths(self.view, gpus)
+            self._topology_key, self._topology_at = key, now
+            unplaced = {*self._topology.unreadable_nics, *self._topology.unreadable_gpus}
+            for name in sorted(unplaced - self._unplaced_logged):
+                log.warning("fabric: cannot place %s on the PCI tree of %s; it is left out of the GPU-NIC topology",
+                            name, self.view.name)
+            self._unplaced_logged = unplaced
+        return self._topology
+
+    def _collect_topology(self, batch: Batch) -> None:
+        topology = self._current_topology()  # a NIC or GPU it cannot place is logged once, and left out
+        for placed in topology.nics:
+            where = placed.place
+            batch.add(c.NIC_TOPOLOGY, (placed.nic.device, where.pci_bus_id, str(where.numa_node), where.pcie_switch,
+                                       where.root_complex), 1)
+        by_uuid = {}
+        for gpu in topology.gpus:
+            where = gpu.place
+            labels = (str(gpu.index), gpu.uuid)
+            by_uuid[gpu.uuid] = gpu
+            batch.add(c.GPU_TOPOLOGY, (*labels, where.pci_bus_id, str(where.numa_node), where.pcie_switch,
+                                       where.root_complex), 1)
+            for p in gpu.nic_paths:
+                batch.add(c.GPU_NIC, (*labels, p.device, p.port, p.path), 1)
+            for p in gpu.preferred:
+                batch.add(c.GPU_PREFERRED_NIC, (*labels, p.device, p.port, p.path), 1)
+        self._collect_nccl(batch, topology, by_uuid)
+
+    def _collect_nccl(self, batch: Batch, topology: Topology, by_uuid: dict) -> None:  # type: ignore[type-arg]
+        """Per GPU-holding process that sets NCCL_IB_HCA or NCCL_SOCKET_IFNAME: whether that keeps each of its GPUs
+        off all of the GPU's preferred NICs."""
+        holders = self.table.holders()
+        for pid in list(self._environ):
+            if pid not in holders:
+                del self._environ[pid]
+        nics = [placed.nic for placed in topology.nics]
+        for pid, gpus in holders.items():
+            if pid not in self._environ:  # the environment a process was exec'd with never changes
+                try:
+                    self._environ[pid] = read_environ(Path(self.proc_path), pid, NCCL_VARIABLES)
+                except Invisible:
+                    self._environ[pid] = None
+            env = self._environ[pid]
+            if not env:
+                continue
+            allowed = nccl.allowed(env, nics)
+            if allowed is None:
+                continue
+            for holder in gpus:
+                gpu = by_uuid.get(holder.uuid)
+                if gpu is None or not gpu.preferred:
+                    continue
+                verdict = nccl.excluded_preferred(allowed, [(p.device, p.port) for p in gpu.preferred])
+                for variable, excluded in sorted(verdict.items()):
+                    batch.add(c.GPU_NIC_EXCLUDED, (holder.gpu, holder.uuid, str(pid), variable), 1 if excluded else 0)
