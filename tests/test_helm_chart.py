@@ -176,9 +176,10 @@ def test_non_root_where_no_feature_needs_root(chart: helm.Chart) -> None:
     security = container(objects)["securityContext"]
     assert (security["runAsUser"], security["runAsGroup"], security["runAsNonRoot"]) == (65532, 65532, True)
     volumes = {v["name"] for v in pod_spec(objects)["volumes"]}
-    assert volumes == {"tmp", "flight"}
+    assert volumes == {"tmp", "flight", "host-sys"}  # the fabric source's sysfs is readable without root
     env = env_of(objects)
     assert env["GOODPUT_KUBELET_ENABLED"] == "false" and env["GOODPUT_INGEST_ENABLED"] == "false"
+    assert env["GOODPUT_FABRIC_SYSFS_PATH"] == "/host/sys"
     assert "GOODPUT_HOST_PROC_PATH" not in env
     # kubelet on again: root again
     security = container(render(chart, {"ingest": {"enabled": False}}))["securityContext"]
@@ -296,7 +297,13 @@ def test_host_mounts(chart: helm.Chart) -> None:
     assert volumes["flight"]["hostPath"]["path"] == "/run/goodput-exporter/flight" and mounts["flight"]["readOnly"]
     assert volumes["host-proc"]["hostPath"]["path"] == "/proc" and mounts["host-proc"]["mountPath"] == "/host/proc"
     assert mounts["host-proc"]["readOnly"]
+    assert volumes["host-sys"]["hostPath"] == {"path": "/sys", "type": "Directory"}
+    assert mounts["host-sys"] == {"name": "host-sys", "mountPath": "/host/sys", "readOnly": True}
+    no_sys = render(chart, {"hostSys": {"enabled": False}})
+    assert "host-sys" not in {v["name"] for v in pod_spec(no_sys)["volumes"]}
+    assert "GOODPUT_FABRIC_SYSFS_PATH" not in env_of(no_sys)
     env = env_of(objects)
+    assert env["GOODPUT_FABRIC_SYSFS_PATH"] == "/host/sys"
     assert env["GOODPUT_INGEST_SOCKET_PATH"] == "/run/goodput-exporter/ingest.sock"
     assert env["GOODPUT_FLIGHT_DIR"] == "/run/goodput-exporter/flight"
     assert env["GOODPUT_KUBELET_SOCKET_PATH"] == "/var/lib/kubelet/pod-resources/kubelet.sock"

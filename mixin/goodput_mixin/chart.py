@@ -67,6 +67,8 @@ def _field_schema(field: Any) -> dict[str, Any]:
         schema = {"type": "boolean"}
     elif annotation is int:
         schema = {"type": "integer"}
+    elif annotation == int | None:
+        schema = {"type": ["integer", "null"]}
     elif annotation is float:
         schema = {"type": "number"}
     elif annotation is str:
