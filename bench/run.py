@@ -25,6 +25,7 @@ import attribution
 import client_ingest
 import cpu_split
 import dcgm_parse
+import fabric_collect
 import flight_parse
 import idle_accuracy
 import rules_scale
@@ -197,9 +198,10 @@ def main() -> None:
     imported = client_ingest.import_microseconds()
     flight = flight_parse.run()
     dcgm = dcgm_parse.run()
+    fabric = fabric_collect.run()
     scale = rules_scale.run()
     attributed = attribution.run()
-    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, scale, attributed)
+    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, fabric, scale, attributed)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
@@ -279,8 +281,8 @@ def dcgm_markdown(costs: list[dcgm_parse.Result], latencies: list[dcgm_parse.Lat
 
 def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
           throughput: float, imported: int, flight: list[flight_parse.Result],
-          dcgm: tuple[list[dcgm_parse.Result], list[dcgm_parse.Latency]], scale: rules_scale.Result,
-          attributed: attribution.Result) -> None:
+          dcgm: tuple[list[dcgm_parse.Result], list[dcgm_parse.Latency]], fabric: fabric_collect.Result,
+          scale: rules_scale.Result, attributed: attribution.Result) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -342,6 +344,7 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
             f"| {r.variant} | {r.file_bytes / 1024:.0f} KiB | {r.plain_ms:.0f} ms | {r.paused_ms:.0f} ms | "
             f"{r.safe_ms:.0f} ms | {r.ratio:.2f} | {r.paused_ratio:.2f} | {r.source_ms:.0f} ms |")
     lines += dcgm_markdown(*dcgm)
+    lines += fabric_collect.markdown(fabric)
     lines += [
         "",
         "## Rules at cluster scale",
