@@ -21,6 +21,7 @@ TRAFFIC_SHARE = 0.25  # of the link rate, each way, while the link is up
 PACKET_BYTES = 4096
 SYMBOL_ERRORS_PER_SECOND = 50.0
 ECN_MARKS_PER_SECOND = 20_000.0
+XMIT_WAIT_TICKS_PER_SECOND = 1000.0  # a little back-pressure always; a hundred times more while congested
 FLAP_PERIOD = 4.0  # seconds between a flapping link's downs
 MANAGEMENT = "eno1"
 FAULTS = ("link_down", "link_flap", "symbol_errors", "congestion", "link_degraded")
@@ -134,7 +135,7 @@ class SimulatedFabric:
         self._add_file(f"{port}/phys_state", lambda: "5: LinkUp" if self._up(nic) else "3: Disabled")
         self._add_file(f"{port}/rate", lambda: _rate_text(nic.rate_gbps))
         for name in ("port_xmit_data", "port_rcv_data", "port_xmit_packets", "port_rcv_packets", "symbol_error",
-                     "port_rcv_errors", "link_downed", "link_error_recovery", "port_xmit_discards"):
+                     "port_rcv_errors", "link_downed", "link_error_recovery", "port_xmit_discards", "port_xmit_wait"):
             self._add_file(f"{port}/counters/{name}", self._counter(nic, name))
         for name in ("np_ecn_marked_roce_packets", "np_cnp_sent", "rp_cnp_handled", "out_of_sequence",
                      "packet_seq_err", "local_ack_timeout_err"):
@@ -203,7 +204,8 @@ class SimulatedFabric:
             k[f"port_{direction}_packets"] = k.get(f"port_{direction}_packets", 0) + data / PACKET_BYTES
         for name, rate in (("symbol_error", nic.symbol_errors_rate), ("port_rcv_errors", nic.symbol_errors_rate / 10),
                            ("np_ecn_marked_roce_packets", nic.ecn_rate), ("np_cnp_sent", nic.ecn_rate / 4),
-                           ("rp_cnp_handled", nic.ecn_rate / 4)):
+                           ("rp_cnp_handled", nic.ecn_rate / 4), ("port_xmit_wait", XMIT_WAIT_TICKS_PER_SECOND
+                                                                  * (1 + 100 * bool(nic.ecn_rate)))):
             if rate:
                 k[name] = k.get(name, 0) + rate * dt
 

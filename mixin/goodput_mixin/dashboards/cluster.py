@@ -88,6 +88,26 @@ def build(names: Names) -> Dashboard:
         "Exporters up", "Exporters whose every source collected successfully last time, over all exporters. "
         "Below 100% means some nodes' numbers are missing or stale.",
         "percentunit", [(f"avg(min by ({names.cluster}, {names.node}) (goodput_exporter_source_up{f()}))", "")]))
+    d = d.with_row(row("Fabric"))
+    d = d.with_panel(stat_panel(
+        "Fabric traffic", "Bytes per second all nodes send through their RDMA ports and other network interfaces. "
+        "A drop while the jobs run means they stopped communicating (a hang) or lost links.",
+        "Bps", [(f"sum({names.rule('cluster', 'goodput_fabric_transmit_bytes', 'rate')}{f()})", "")], width=6))
+    d = d.with_panel(stat_panel(
+        "RDMA ports not active", "RDMA ports whose state is not ACTIVE, on every node: ports nobody cabled count "
+        "too, so compare with yesterday. GoodputFabricLinkDown pages on those that lost their link on nodes in use; "
+        "Collectives and network names them.",
+        "none", [(f"sum(goodput_fabric_port_state{f()} != bool 4)", "")], width=6))
+    d = d.with_panel(stat_panel(
+        "Links counting errors", f"Links (RDMA ports, interfaces) counting over {s.fabric_error_rate:g} link errors "
+        "a second (the GoodputFabricErrors threshold). Above 0: a cable or transceiver to replace.",
+        "none", [(f"count({names.rule('link', 'goodput_fabric_link_errors', 'rate')}{f()} > "
+                  f"{s.fabric_error_rate:g}) or vector(0)", "")], width=6))
+    d = d.with_panel(stat_panel(
+        "Congested ports", f"RoCE ports on which over {s.fabric_congestion_ratio:.1%} of packets carry congestion "
+        "marks or notifications (ECN, CNP). Above 0 with a high comm_wait: the network holds the jobs back.",
+        "none", [(f"count({names.rule('link', 'goodput_fabric_congestion_ratio', 'rate')}{f()} > "
+                  f"{s.fabric_congestion_ratio:g}) or vector(0)", "")], width=6))
     d = d.with_row(row("Over time"))
     d = d.with_panel(timeseries_panel(
         "Goodput by workload", "Each workload's goodput (compute share of its time) over the short window. A "

@@ -44,8 +44,9 @@ LEVELS = [
           "Is the cluster doing useful work? Goodput, tokens/s, idle GPUs (allocated or not), stragglers, "
           "hangs, GPU health; the worst workloads and nodes."),
     Level(2, "collectives", "Goodput / 2 Collectives and network",
-          "Is a workload waiting on its collectives? Sequence lag per rank, oldest in-flight op, missing ranks, "
-          "collective time and bytes by op, NVLink and PCIe throughput."),
+          "Is a workload waiting on its collectives or on the network? Sequence lag per rank, oldest in-flight op, "
+          "missing ranks, collective time and bytes by op, NVLink and PCIe throughput; the fabric of its nodes: port "
+          "throughput against link rate, errors, congestion, retries, links down, which NIC each GPU uses."),
     Level(3, "host", "Goodput / 3 Host and input pipeline",
           "Is the host starving the GPUs? Data-loader wait, CPU of the GPU processes, NUMA mismatches, "
           "CPU/IO/memory pressure, PCIe."),
@@ -130,12 +131,36 @@ def _targets(targets: list[Target], instant: bool = False, table_format: bool = 
     return [query(expr, legend, chr(ord("A") + i), instant, table_format) for i, (expr, legend) in enumerate(targets)]
 
 
+@dataclass(frozen=True)
+class DataLink:
+    """A data link (the panel's fieldConfig.defaults.links): clicking a series offers `url`, in which Grafana fills in
+    `${__field.labels.<label>}` from the series and `${<variable>:queryparam}`, `${__url_time_range}` from the
+    dashboard. Built as Grafana stores it (the SDK's builder would write a dashboard link's fields)."""
+
+    title: str
+    url: str
+
+    def build(self) -> dict[str, str]:
+        return {"title": self.title, "url": self.url}
+
+
+def link_to_workload_fabric() -> DataLink:
+    """From a series with a `workload` label to Collectives and network for that workload alone, on all of its
+    nodes: its fabric row then shows the ports and interfaces of that job's nodes."""
+    return DataLink("Fabric of this workload's nodes",
+                    f"/d/{LEVELS[1].uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{cluster:queryparam}}"
+                    "&var-node=$__all&var-workload=${__field.labels.workload}")
+
+
 def timeseries_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 12,
-                     height: int = 8, stacked: bool = False, max_value: float | None = None) -> timeseries.Panel:
+                     height: int = 8, stacked: bool = False, max_value: float | None = None,
+                     links: list[DataLink] | None = None) -> timeseries.Panel:
     panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
              .targets(_targets(targets)).span(width).height(height).min(0))
     if max_value is not None:
         panel = panel.max(max_value)
+    if links:
+        panel = panel.data_links(links)  # type: ignore[arg-type]  # Grafana's data-link shape, not a dashboard link
     if stacked:
         panel = panel.stacking(StackingConfig().mode(common.StackingMode.NORMAL)).fill_opacity(40)
     return panel
@@ -195,3 +220,14 @@ def of_workload_gpus(expr: str, names: Names) -> str:
     return (f"{expr} * on ({names.node}, uuid) group_left () "
             f'max by ({names.node}, uuid) (goodput_gpu_workload_info{{{names.cluster}=~"$cluster", '
             f'{names.node}=~"$node", workload=~"$workload"}})')
+
+
+def of_workload_nodes(expr: str, names: Names) -> str:
+    """Keep only the per-node series (fabric ports, interfaces, GPU-NIC topology) of nodes where a process of the
+    selected workloads holds a GPU, or of every selected node when the workload variable is All: an absent label
+    matches ".*", so goodput_exporter_build_info (which has no workload label) passes every exporter then and none
+    for a chosen workload. `expr` must keep the cluster and node labels."""
+    c, n = names.cluster, names.node
+    matchers = f'{c}=~"$cluster", {n}=~"$node", workload=~"$workload"'
+    return (f"{expr} and on ({c}, {n}) (group by ({c}, {n}) (goodput_gpu_workload_info{{{matchers}}}) "
+            f"or group by ({c}, {n}) (goodput_exporter_build_info{{{matchers}}}))")

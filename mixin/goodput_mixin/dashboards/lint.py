@@ -25,7 +25,7 @@ RATE_FUNCTIONS = {"rate", "irate", "increase"}
 _VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\$(\w+)")
 _LABEL_VALUES = re.compile(r"^label_values\((?:(?P<selector>.+),\s*)?(?P<label>\w+)\)$")
 # Recording-rule levels whose series keep the node label (the others aggregate it away).
-_NODE_LEVELS = ("gpu", "node")
+_NODE_LEVELS = ("gpu", "node", "port", "interface", "link", "workload_node")
 
 
 @dataclass(frozen=True)

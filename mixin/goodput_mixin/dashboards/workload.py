@@ -1,10 +1,21 @@
-"""Level 6, Workload: one job's goodput and badput by phase, its ranks' step times, stragglers, collectives."""
+"""Level 6, Workload: one job's goodput and badput by phase, its ranks' step times, stragglers, collectives, and the
+network of the nodes it runs on."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from .kit import LEVELS, Filters, Names, new_dashboard, row, stat_panel, table_panel, timeseries_panel
+from .kit import (
+    LEVELS,
+    Filters,
+    Names,
+    link_to_workload_fabric,
+    new_dashboard,
+    row,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
 
 LEVEL = LEVELS[5]
 
@@ -14,6 +25,7 @@ def build(names: Names) -> Dashboard:
     s = names.settings
     short, long = names.short, names.long
     rank = "{{workload}} rank {{rank}}"
+    fabric = [link_to_workload_fabric()]
     d = new_dashboard(LEVEL, names, workload=True).with_row(row("Goodput"))
     d = d.with_panel(stat_panel(
         f"Goodput ({short})", "Share of the job's accounted time spent computing, over the short window. Low "
@@ -80,12 +92,41 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(timeseries_panel(
         "Collective lag per rank", "Collectives each rank is behind the furthest rank of its process group. A "
         "rank that falls behind and stays there is the one the group waits for.",
-        "none", [(f"workload_pg_rank:goodput_collective_lag:behind_max{f()}", rank + " pg {{pg}} {{state}}")]))
+        "none", [(f"workload_pg_rank:goodput_collective_lag:behind_max{f()}", rank + " pg {{pg}} {{state}}")],
+        links=fabric))
     d = d.with_panel(timeseries_panel(
         "Oldest in-flight collective per group", "Longest wait of an unfinished collective in each process group. "
         f"Over {s.collective_hang_seconds:g}s is a hang (GoodputCollectiveHang).",
-        "s", [(f"workload_pg:goodput_collective_oldest_inflight_seconds:max{f()}", "{{workload}} pg {{pg}}")]))
+        "s", [(f"workload_pg:goodput_collective_oldest_inflight_seconds:max{f()}", "{{workload}} pg {{pg}}")],
+        links=fabric))
     d = d.with_panel(table_panel(
         "Missing ranks", "Ranks that have not joined the collective other ranks wait in: the cause of a hang.",
         "none", [(f"goodput_collective_missing_rank{f()} == 1", "")], width=24))
+    d = d.with_row(row("Network of the job's nodes"))
+    on_node = "{{workload}} {{" + names.node + "}}"
+    d = d.with_panel(timeseries_panel(
+        "Communication wait share per node", "Share of the time the job's ranks on each node spend waiting on "
+        "communication (phase comm_wait). High on every node while the fabric below is busy, erroring or congested: "
+        "the network holds the job back (the series link to the fabric of its nodes).",
+        "percentunit", [(f"{names.rule('workload_node', 'goodput_comm_wait_ratio', 'rate')}{f()}", on_node)],
+        max_value=1, links=fabric))
+    d = d.with_panel(timeseries_panel(
+        "Fabric traffic of the job's nodes", "Bytes per second the RDMA ports and other network interfaces of each "
+        "node the job runs on send and receive (the whole node's: other jobs on it count too).",
+        "Bps", [(f"{names.rule('workload_node', 'goodput_fabric_transmit_bytes', 'rate')}{f()}", on_node + " tx"),
+                (f"{names.rule('workload_node', 'goodput_fabric_receive_bytes', 'rate')}{f()}", on_node + " rx")],
+        links=fabric))
+    d = d.with_panel(timeseries_panel(
+        "Fabric trouble on the job's nodes", "Per node of the job: link errors per second (symbol, receive, "
+        "integrity), transport retries per second (out of sequence, timeouts, NAK retries). Either on one node "
+        "points at its links; open the fabric of the job's nodes for the port.",
+        "cps", [(f"{names.rule('workload_node', 'goodput_fabric_link_errors', 'rate')}{f()}", on_node + " link errors"),
+                (f"{names.rule('workload_node', 'goodput_fabric_retransmission_events', 'rate')}{f()}",
+                 on_node + " retries")], links=fabric))
+    d = d.with_panel(timeseries_panel(
+        "Fabric congestion on the job's nodes", "Per node of the job, its most congested RoCE port: the share of "
+        "packets carrying congestion marks or notifications (ECN, CNP). Up together with the communication wait "
+        "share: the fabric is congested (GoodputFabricCongestion).",
+        "percentunit", [(f"{names.rule('workload_node', 'goodput_fabric_congestion_ratio', 'rate')}{f()}", on_node)],
+        links=fabric))
     return d

@@ -37,7 +37,9 @@ DEMO_SETTINGS = RulesSettings(
     windows=["20s", "2m"], slow_groups_interval="5s", memory_predict_window="2m", goodput_trend_window="2m",
     goodput_drop_for="20s", idle_while_allocated_for="1m", straggler_for="15s", collective_hang_seconds=20,
     dump_stale_seconds=60, rank_missing_for="5s", throttle_for="30s", memory_exhaustion_for="30s",
-    exporter_down_for="20s", source_failing_for="20s", pcie_degraded_for="10s", nvlink_errors_for="10s")
+    exporter_down_for="20s", source_failing_for="20s", pcie_degraded_for="10s", nvlink_errors_for="10s",
+    fabric_link_down_for="10s", fabric_link_down_allocated_window="2m", fabric_flap_window="30s",
+    fabric_errors_for="10s", fabric_congestion_for="10s")
 WORKLOAD = "demo-job"
 CLUSTER = "demo"
 

@@ -277,6 +277,142 @@ def _collective(s: RulesSettings) -> list[Rule]:
     ]
 
 
+DIRECTIONS = ("transmit", "receive")
+# Receive errors of a network interface: rx_errors includes CRC errors by the kernel's contract (if_link.h), but the
+# larger of the two is taken, for a driver that counts CRC errors alone.
+INTERFACE_LINK_ERRORS = 'counter=~"rx_errors|rx_crc_errors"'
+
+
+# goodput_fabric_port_info with an `interface` label naming the network interface behind the RDMA port (RoCE); ports
+# without one get none, so `on (..., interface)` matches only interfaces that back an RDMA port.
+NETDEV_AS_INTERFACE = 'label_replace(goodput_fabric_port_info, "interface", "$1", "netdev", "(.+)")'
+
+
+def per_link(s: RulesSettings, port: str, interface: str) -> str:
+    """One series per link, from a value per RDMA port and a value per interface: an RDMA port's is the larger of
+    its own and that of the interface behind it (for RoCE, mlx5 counts physical errors and carrier changes on the
+    netdev, not on the port), labelled device and port; an interface that backs no RDMA port keeps its own,
+    labelled interface."""
+    c, n = s.cluster_label, s.node_label
+    return (f"max without (interface, link_layer, netdev) (\n  {port}\nor\n"
+            f"  {interface}\n  * on ({c}, {n}, interface) group_right ()\n  {NETDEV_AS_INTERFACE}\n)\n"
+            f"or\n(\n  {interface}\n  unless on ({c}, {n}, interface)\n  {NETDEV_AS_INTERFACE}\n)")
+
+
+def _fabric(s: RulesSettings) -> list[Rule]:
+    """RDMA ports and network interfaces (the fabric source; absent without it), per port, interface and node."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+
+    def utilization(kind: str, capacity: str) -> str:
+        return "\nor\n".join(
+            f"label_replace(\n  rate(goodput_fabric_{kind}_{d}_bytes_total[{w}])\n  / ({capacity} > 0),\n"
+            f'  "direction", "{d}", "", ""\n)' for d in DIRECTIONS)
+
+    def node_bytes(d: str) -> str:
+        # RDMA ports and the interfaces that back none: a RoCE netdev's own byte counters count what went through
+        # the kernel's stack, or (mlx5 in switchdev mode, or a simulation) the port's traffic again
+        return (f"sum by ({c}, {n}) (\n  rate(goodput_fabric_port_{d}_bytes_total[{w}])\n  or\n"
+                f"  (\n    rate(goodput_fabric_interface_{d}_bytes_total[{w}])\n"
+                f"    unless on ({c}, {n}, interface) {NETDEV_AS_INTERFACE}\n  )\n)")
+
+    def by_counter(*metrics: str) -> str:
+        # the counter label tells port and interface counters apart (symbol_error, rx_errors, ...): no sum across
+        # counters, whose events overlap (rx_crc_errors are among rx_errors)
+        return f"sum by ({c}, {n}, counter) (\n  " + "\n  or\n  ".join(
+            f"rate({m}[{w}])" for m in metrics) + "\n)"
+
+    return [
+        # share of the link rate (sysfs `rate`, or the interface's negotiated speed) used, each way
+        {"record": f"port:goodput_fabric_port_utilization_ratio:rate{w}",
+         "expr": utilization("port", "goodput_fabric_port_rate_bytes_per_second")},
+        {"record": f"interface:goodput_fabric_interface_utilization_ratio:rate{w}",
+         "expr": utilization("interface", "goodput_fabric_interface_speed_bytes_per_second")},
+        *({"record": f"node:goodput_fabric_{d}_bytes:rate{w}", "expr": node_bytes(d)} for d in DIRECTIONS),
+        {"record": f"node:goodput_fabric_errors:rate{w}",
+         "expr": by_counter("goodput_fabric_port_errors_total", "goodput_fabric_interface_errors_total")},
+        {"record": f"node:goodput_fabric_congestion_packets:rate{w}",
+         "expr": by_counter("goodput_fabric_port_congestion_packets_total")},
+        {"record": f"node:goodput_fabric_retransmission_events:rate{w}",
+         "expr": by_counter("goodput_fabric_port_retransmission_events_total")},
+    ]
+
+
+def _fabric_link(s: RulesSettings) -> list[Rule]:
+    """Per link, what the fabric alerts judge: link errors and the share of packets carrying congestion signals."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    counters = "|".join(s.fabric_error_counters)
+    port_errors = f'sum without (counter) (rate(goodput_fabric_port_errors_total{{counter=~"{counters}"}}[{w}]))'
+    interface_errors = (f"max without (counter) (rate(goodput_fabric_interface_errors_total{{{INTERFACE_LINK_ERRORS}}}"
+                        f"[{w}]))")
+    port = f"on ({c}, {n}, device, port) group_left ()"
+    congestion = "goodput_fabric_port_congestion_packets_total"
+    return [
+        {"record": f"link:goodput_fabric_link_errors:rate{w}", "expr": per_link(s, port_errors, interface_errors)},
+        # received packets that the fabric marked with ECN, or that this port answered with a CNP (the
+        # notification point); CNPs this port received and slowed down for (the reaction point), of those it sent
+        {"record": f"link:goodput_fabric_congestion_ratio:rate{w}",
+         "expr": f"max without (counter) (\n"
+                 f'  rate({congestion}{{counter=~"np_ecn_marked_roce_packets|np_cnp_sent"}}[{w}])\n'
+                 f"  / {port}\n  (rate(goodput_fabric_port_receive_packets_total[{w}]) > 0)\n"
+                 f"or\n"
+                 f'  rate({congestion}{{counter="rp_cnp_handled"}}[{w}])\n'
+                 f"  / {port}\n  (rate(goodput_fabric_port_transmit_packets_total[{w}]) > 0)\n)"},
+    ]
+
+
+def _fabric_cluster(s: RulesSettings) -> list[Rule]:
+    c, w = s.cluster_label, s.windows[0]
+    return [
+        *({"record": f"cluster:goodput_fabric_{d}_bytes:rate{w}",
+           "expr": f"sum by ({c}) (node:goodput_fabric_{d}_bytes:rate{w})"} for d in DIRECTIONS),
+        *({"record": f"cluster:goodput_fabric_{m}:rate{w}",
+           "expr": f"sum by ({c}, counter) (node:goodput_fabric_{m}:rate{w})"}
+          for m in ("errors", "congestion_packets", "retransmission_events")),
+    ]
+
+
+def _workload_node(s: RulesSettings) -> list[Rule]:
+    """Where each workload runs, and how much of its ranks' time on each node goes to comm_wait."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    phases = f"workload_node:goodput_phase_seconds:rate{w}"
+    comm_wait = f'{phases}{{phase="comm_wait"}}'
+    return [
+        {"record": phases,
+         "expr": f"sum by ({c}, {n}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
+        {"record": f"workload_node:goodput_comm_wait_ratio:rate{w}",
+         "expr": f"sum without (phase) ({comm_wait})\n  / (sum without (phase) ({phases}) > 0)"},
+        # every workload's ranks on the node together: what GoodputFabricCongestion asks of a node
+        {"record": f"node:goodput_comm_wait_ratio:rate{w}",
+         "expr": f"sum by ({c}, {n}) ({comm_wait})\n  / (sum by ({c}, {n}) ({phases}) > 0)"},
+        # the nodes of each workload: where a process of it holds a GPU, or where its ranks report phases
+        {"record": "workload:goodput_node:info",
+         "expr": f"group by ({c}, {n}, workload) (goodput_gpu_workload_info)\n"
+                 f"or\ngroup by ({c}, {n}, workload) ({phases})"},
+    ]
+
+
+def _workload_fabric(s: RulesSettings) -> list[Rule]:
+    """The fabric of the nodes each workload runs on: the node's, whole (a node shared by two workloads counts for
+    each), beside the workload's comm_wait share on that node."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+
+    def of_node(expr: str) -> str:
+        return f"workload:goodput_node:info\n  * on ({c}, {n}) group_left ()\n  {expr}"
+
+    return [
+        *({"record": f"workload_node:goodput_fabric_{d}_bytes:rate{w}",
+           "expr": of_node(f"node:goodput_fabric_{d}_bytes:rate{w}")} for d in DIRECTIONS),
+        {"record": f"workload_node:goodput_fabric_link_errors:rate{w}",
+         "expr": of_node(f"sum by ({c}, {n}) (link:goodput_fabric_link_errors:rate{w})")},
+        # the node's most congested RDMA port
+        {"record": f"workload_node:goodput_fabric_congestion_ratio:rate{w}",
+         "expr": of_node(f"max by ({c}, {n}) (link:goodput_fabric_congestion_ratio:rate{w})")},
+        # every kind of transport retry together (out of sequence, timeouts, NAK retries, ...)
+        {"record": f"workload_node:goodput_fabric_retransmission_events:rate{w}",
+         "expr": of_node(f"sum by ({c}, {n}) (node:goodput_fabric_retransmission_events:rate{w})")},
+    ]
+
+
 def _groups(names: tuple[str, ...], rule_lists: list[list[Rule]], interval: str | None = None) -> list[Group]:
     """One group per list of rules, named in order (a rule set split so that no group reads too much)."""
     return [{"name": name, **({"interval": interval} if interval else {}), "rules": rules}
@@ -297,6 +433,12 @@ def recording_groups(s: RulesSettings) -> list[Group]:
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
         *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),
         {"name": "goodput.collective", "rules": _collective(s)},
+        # the fabric: raw counters per port and node, per link, then the levels that read those
+        {"name": "goodput.fabric", "rules": _fabric(s)},
+        {"name": "goodput.fabric_link", "rules": _fabric_link(s)},
+        {"name": "goodput.fabric_cluster", "rules": _fabric_cluster(s)},
+        {"name": "goodput.workload_node", "rules": _workload_node(s)},
+        {"name": "goodput.workload_fabric", "rules": _workload_fabric(s)},
     ]
     # the class reads the averages the first two record (one evaluation old), the shares the class
     groups += _groups(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",

@@ -55,6 +55,13 @@ class RulesSettings(BaseModel):
     memory_bound_dram_ratio: float = Field(
         0.5, gt=0, le=1, description="Activity class: a busier GPU, not compute-bound, whose memory interface "
         "was active at least this share is memory-bound.")
+    fabric_error_counters: list[str] = Field(
+        ["symbol_error", "port_rcv_errors", "local_link_integrity_errors", "port_rcv_remote_physical_errors",
+         "excessive_buffer_overrun_errors"],
+        description="Link errors of an RDMA port (the `counter` values of goodput_fabric_port_errors_total) summed "
+        "into link:goodput_fabric_link_errors:rate5m, which GoodputFabricErrors judges: errors of the wire and its "
+        "ends. Discards, VL15 drops and constraint (partition) errors are left out: they count drops and "
+        "configuration, not a bad link. An interface's are its receive errors (rx_errors, CRC errors among them).")
     # --- alerts -----------------------------------------------------------------------------------
     runbook_base_url: str = Field(
         "https://github.com/goodput-exporter/goodput-exporter/blob/main/docs/runbooks",
@@ -99,6 +106,38 @@ class RulesSettings(BaseModel):
     memory_used_ratio: float = Field(
         0.8, gt=0, le=1, description="GoodputGPUMemoryExhaustionSoon: only past this much memory in use.")
     memory_exhaustion_for: str = Field("10m", description="GoodputGPUMemoryExhaustionSoon: for how long.")
+    fabric_link_down_for: str = Field("5m", description="GoodputFabricLinkDown: for how long.")
+    fabric_link_down_allocated_only: bool = Field(
+        True, description="GoodputFabricLinkDown: only on nodes whose GPUs were in use (held by a process, or "
+        "assigned to a pod) within fabric_link_down_allocated_window, so that a node drained for repair does not "
+        "page. Off: on every node.")
+    fabric_link_down_allocated_window: str = Field(
+        "1h", description="GoodputFabricLinkDown: how far back a node's GPU use counts: a link failure that kills "
+        "the job frees its GPUs, and the alert keeps firing this long after.")
+    fabric_link_down_ignore: str = Field(
+        "", description="GoodputFabricLinkDown: a regular expression of RDMA devices and network interfaces it "
+        "never judges (e.g. storage NICs run at a lower rate than the compute NICs of the same link layer, or a "
+        "port taken out of service after it had a link); empty: none.")
+    fabric_flap_window: str = Field(
+        "15m", description="GoodputFabricLinkFlapping: the window link losses are counted in.")
+    fabric_flaps: int = Field(
+        2, ge=1, description="GoodputFabricLinkFlapping: times a link went down or retrained within the window "
+        "(carrier changes count half: each loss is a down and an up). One is a reboot or a reseat; two is a link "
+        "that does not stay up.")
+    fabric_error_rate: float = Field(
+        0.01, gt=0, description="GoodputFabricErrors: link errors per second on one link (fabric_error_counters, or "
+        "an interface's receive errors); a healthy link counts none (ibdiagnet flags any symbol error), 0.01 (3 in "
+        "5 minutes) leaves room for the odd one.")
+    fabric_errors_for: str = Field("10m", description="GoodputFabricErrors: for how long.")
+    fabric_congestion_ratio: float = Field(
+        0.001, gt=0, le=1, description="GoodputFabricCongestion: share of an RDMA port's packets that carry congestion "
+        "marks or notifications (ECN-marked or answered with a CNP, of those received; CNPs handled, of those sent). "
+        "DCQCN's usual marking probability tops out at 1% at the switch's upper queue threshold, so 0.1% is a queue "
+        "held well into its marking range.")
+    fabric_congestion_comm_wait_ratio: float = Field(
+        0.3, gt=0, le=1, description="GoodputFabricCongestion: only while the workloads on the node spend at least "
+        "this share of their time in comm_wait (congestion that costs no goodput does not page).")
+    fabric_congestion_for: str = Field("10m", description="GoodputFabricCongestion: for how long.")
     exporter_down_for: str = Field("5m", description="GoodputExporterDown: for how long.")
     source_failing_for: str = Field("10m", description="GoodputExporterSourceFailing: for how long.")
 
@@ -117,10 +156,31 @@ class RulesSettings(BaseModel):
                      "goodput_trend_window", "goodput_drop_for",
                      "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
                      "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
-                     "memory_exhaustion_for", "exporter_down_for", "source_failing_for")
+                     "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
+                     "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
+                     "fabric_congestion_for")
     @classmethod
     def _check_range(cls, value: str) -> str:
         return _range(value)
+
+    @field_validator("fabric_error_counters")
+    @classmethod
+    def _check_counters(cls, value: list[str]) -> list[str]:
+        if not value:
+            raise ValueError("at least one counter")
+        for item in value:
+            if not _LABEL.match(item):
+                raise ValueError(f"{item!r} is not a counter name")
+        return value
+
+    @field_validator("fabric_link_down_ignore")
+    @classmethod
+    def _check_regex(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as exc:
+            raise ValueError(f"{value!r} is not a regular expression: {exc}") from None
+        return value
 
     @field_validator("node_label", "cluster_label")
     @classmethod
