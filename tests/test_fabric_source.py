@@ -9,8 +9,11 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+from fabric_pci.build import build as build_pci
+from fabric_sysfs.build import build
 
 from exporter.config import load
 from exporter.core.exposition import Batch
@@ -185,3 +188,78 @@ def test_the_simulated_node_has_each_gpu_beside_its_own_nic_and_flags_a_job_kept
     assert topo["0"][2] == "0000:00" and topo["3"][2] == "0000:80"  # root complex
     excluded = {labels[2]: (labels[3], value) for labels, value in batch.series[c.GPU_NIC_EXCLUDED]}
     assert excluded == {str(off.pid): ("NCCL_IB_HCA", 1), str(on.pid): ("NCCL_IB_HCA", 0)}
+
+
+# --- odd sysfs contents: each found by review, each kept from coming back --------------------------------------
+
+ROCE_PORT = "class/infiniband/mlx5_2/ports/1"
+
+
+def _roce(tmp_path: Path) -> tuple[Path, FabricSource]:
+    build("mlx5_roce", tmp_path)  # tests/fabric_sysfs: a real mlx5 RoCE layout
+    return tmp_path, FabricSource(HostSysfs(str(tmp_path)), NodeGpus())
+
+
+def _set(root: Path, rel: str, text: str) -> None:
+    path = root / rel
+    path.unlink()
+    path.write_text(text + "\n")
+
+
+def test_a_wrapped_counter_keeps_its_wraps_across_a_failed_read(tmp_path: Path) -> None:
+    root, source = _roce(tmp_path)
+    counter = f"{ROCE_PORT}/hw_counters/out_of_sequence"
+    _set(root, counter, str(WRAP_32 - 100))
+    source.collect()
+    _set(root, counter, "50")  # wrapped
+    assert _value(source.collect(), c.PORT_RETRANSMISSION, "mlx5_2", "1", "out_of_sequence") == WRAP_32 + 50
+    (root / counter).unlink()
+    (root / counter).mkdir()  # unreadable for one collection
+    assert _value(source.collect(), c.PORT_RETRANSMISSION, "mlx5_2", "1", "out_of_sequence") is None
+    (root / counter).rmdir()
+    (root / counter).write_text("60\n")
+    assert _value(source.collect(), c.PORT_RETRANSMISSION, "mlx5_2", "1", "out_of_sequence") == WRAP_32 + 60
+
+
+def test_an_unreadable_link_layer_leaves_the_info_series_out_rather_than_changing_it(tmp_path: Path) -> None:
+    root, source = _roce(tmp_path)
+    assert c.PORT_INFO in source.collect().series
+    (root / ROCE_PORT / "link_layer").unlink()
+    (root / ROCE_PORT / "link_layer").mkdir()
+    batch = source.collect()
+    assert c.PORT_INFO not in batch.series
+    assert _value(batch, c.UNREADABLE, "mlx5_2") == 1 and batch.errors.count("fabric_unreadable_file") == 1
+
+
+def test_hw_counters_stand_in_only_for_data_counters_the_port_does_not_have(tmp_path: Path) -> None:
+    """bnxt_re ports have counters/ and hw_counters/ named tx_bytes: a failed read of counters/port_xmit_data must
+    not swap the other counter into the series for a collection."""
+    root, source = _roce(tmp_path)
+    (root / ROCE_PORT / "hw_counters" / "tx_bytes").write_text("123\n")
+    before = _value(source.collect(), c.PORT_TX_BYTES, "mlx5_2", "1")
+    assert before is not None and before != 123
+    (root / ROCE_PORT / "counters" / "port_xmit_data").unlink()
+    (root / ROCE_PORT / "counters" / "port_xmit_data").mkdir()
+    assert _value(source.collect(), c.PORT_TX_BYTES, "mlx5_2", "1") is None
+
+
+def test_odd_interface_names_and_a_symlinked_sysfs_root_keep_the_source_and_topology_up(tmp_path: Path) -> None:
+    root = tmp_path / "real"
+    root.mkdir()
+    built = build_pci("hgx_h100", root)
+    (root / "class" / "net" / "eth1²").mkdir()  # a digit Python's isdigit() takes and int() refuses
+    link = tmp_path / "sys"
+    link.symlink_to(root)
+    table = NodeGpus()
+    table.replace({}, tuple(GpuIdentity(str(i), f"GPU-{i}", where.pci_bus_id) for i, where in built.gpus.items()))
+    batch = FabricSource(HostSysfs(str(link)), table).collect()
+    assert "fabric_topology" not in batch.errors and "fabric_unplaced" not in batch.errors
+    assert len(batch.series[c.GPU_PREFERRED_NIC]) == len(built.gpus)
+
+
+def test_a_fault_on_a_nic_the_fabric_lacks_is_logged_and_the_later_faults_still_come() -> None:
+    config = load(None, {"simulate": {"gpus": 4, "faults": [
+        {"at": "1ms", "kind": "link_down", "nic": 3}, {"at": "2ms", "kind": "congestion", "nic": 0}]}}, environ={})
+    fabric = SimulatedFabric(SimulatedGpus(4).pci_bus_ids(), nics=2)  # fewer NICs than the config was checked for
+    schedule_faults(SimulatedGpus(4), config.simulate.faults, threading.Event(), fabric).join(5)
+    assert fabric.nics[0].ecn_rate > 0

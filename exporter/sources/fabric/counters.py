@@ -124,8 +124,12 @@ class Wraps:
         self._seen.add(key)
         return raw + offset
 
+    def keep(self, key: tuple[str, ...]) -> None:
+        """The counter is still there, though this collection could not read it: keep what it had wrapped by."""
+        self._seen.add(key)
+
     def sweep(self) -> None:
-        """Forget counters that the last collection did not see (a device or port that went away)."""
+        """Forget counters that the last collection did not list (a device or port that went away)."""
         for key in set(self._state) - self._seen:
             del self._state[key]
         self._seen = set()

@@ -11,7 +11,7 @@ import re
 from ...core.exposition import Batch
 from . import metrics as c
 from .counters import INTERFACE_COUNTERS
-from .reading import Problems, listdir, read_int, read_text
+from .reading import Problems, gone, listdir, read_int, read_text
 from .sysfs import SysfsView
 
 ROOT = "class/net"
@@ -33,6 +33,8 @@ def collect(view: SysfsView, batch: Batch, problems: Problems, pattern: re.Patte
 def _interface(view: SysfsView, batch: Batch, problems: Problems, name: str) -> None:
     base = f"{ROOT}/{name}"
     labels = (name,)
+    if gone(view, base):
+        return  # removed since the listing (a pod's veth): not a read failure
     operstate = read_text(view, f"{base}/operstate", name, problems)
     if operstate is not None:
         batch.add(c.IFACE_UP, labels, 1 if operstate == "up" else 0)

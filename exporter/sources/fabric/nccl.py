@@ -150,7 +150,7 @@ def _verdict(parsed: Mapping[str, NameList], nic: Nic, port: str, *, verbs: bool
     verdict: dict[str, bool] = {}
     hca = parsed.get(IB_HCA)
     if hca is not None and nic.rdma and verbs:
-        verdict[IB_HCA] = hca.allows(nic.device, int(port) if port.isdigit() else -1)
+        verdict[IB_HCA] = hca.allows(nic.device, int(port) if port.isascii() and port.isdigit() else -1)
     ifname = parsed.get(SOCKET_IFNAME)
     if ifname is not None and sockets and nic.netdevs and (not nic.rdma or not verbs):
         verdict[SOCKET_IFNAME] = any(ifname.allows(netdev) for netdev in nic.netdevs)

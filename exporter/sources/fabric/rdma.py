@@ -8,7 +8,7 @@ import re
 from ...core.exposition import Batch
 from . import metrics as c
 from .counters import HW_COUNTERS, HW_FALLBACKS, PORT_COUNTERS, Counter, Wraps, saturated
-from .reading import Problems, listdir, read_int, read_text
+from .reading import Problems, gone, listdir, read_int, read_text
 from .sysfs import SysfsView
 
 ROOT = "class/infiniband"
@@ -36,7 +36,7 @@ def netdevs(view: SysfsView, device: str) -> dict[str, str]:
         try:
             dev_port = int(view.read(f"{ROOT}/{device}/device/net/{netdev}/dev_port"))
         except (OSError, ValueError):
-            dev_port = 0
+            continue  # which port it serves is unknown: no netdev is named rather than a guessed one
         out.setdefault(str(dev_port + 1), netdev)
     return out
 
@@ -53,8 +53,11 @@ def _port(view: SysfsView, batch: Batch, wraps: Wraps, problems: Problems, devic
           netdev: str) -> None:
     base = f"{ROOT}/{device}/ports/{port}"
     labels = (device, port)
+    if gone(view, f"{ROOT}/{device}/ports/{port}"):
+        return  # the device went away since it was listed (a driver unload): nothing to count
     link_layer = read_text(view, f"{base}/link_layer", device, problems)
-    batch.add(c.PORT_INFO, (*labels, link_layer or "", netdev if link_layer == "Ethernet" else ""), 1)
+    if link_layer is not None:  # unreadable: counted; an info series without it would break the joins on it
+        batch.add(c.PORT_INFO, (*labels, link_layer, netdev if link_layer == "Ethernet" else ""), 1)
     for name, metric in (("state", c.PORT_STATE), ("phys_state", c.PORT_PHYS_STATE)):
         text = read_text(view, f"{base}/{name}", device, problems)
         if text is not None:
@@ -71,15 +74,15 @@ def _port(view: SysfsView, batch: Batch, wraps: Wraps, problems: Problems, devic
         else:
             batch.add(c.PORT_RATE, labels, rate)
 
-    present = set()
-    for name in listdir(view, f"{base}/counters"):
+    listed = listdir(view, f"{base}/counters")
+    present = set(listed)  # EFA's hw_counters stand in only for counters this port does not have at all
+    for name in listed:
         counter = PORT_COUNTERS.get(name)
         if counter is None:
             continue
         raw = read_int(view, f"{base}/counters/{name}", device, problems)
         if raw is None:
             continue
-        present.add(name)
         _emit(batch, counter, labels, raw * counter.scale)
         if saturated(counter, raw):
             batch.add(c.PORT_SATURATED, (*labels, name), 1)
@@ -90,10 +93,13 @@ def _port(view: SysfsView, batch: Batch, wraps: Wraps, problems: Problems, devic
             if stand_in is None or stand_in[0] in present:
                 continue
             counter = stand_in[1]
+        key = (device, port, name)
+        if counter.wraps:
+            wraps.keep(key)
         raw = read_int(view, f"{base}/hw_counters/{name}", device, problems)
         if raw is None:
             continue
-        value = wraps.value((device, port, name), raw) if counter.wraps else raw
+        value = wraps.value(key, raw) if counter.wraps else raw
         _emit(batch, counter, labels, value * counter.scale)
 
 

@@ -63,3 +63,8 @@ def listdir(view: SysfsView, rel: str) -> list[str]:
         return view.listdir(rel)
     except OSError:
         return []
+
+
+def gone(view: SysfsView, rel: str) -> bool:
+    """Whether a device or interface listed a moment ago has gone (its files are then not read failures)."""
+    return not view.exists(rel)

@@ -23,7 +23,9 @@ SYMBOL_ERRORS_PER_SECOND = 50.0
 ECN_MARKS_PER_SECOND = 20_000.0
 XMIT_WAIT_TICKS_PER_SECOND = 1000.0  # a little back-pressure always; a hundred times more while congested
 FLAP_PERIOD = 4.0  # seconds between a flapping link's downs
+FLAP_DOWN = 1.0  # seconds each of them lasts
 MANAGEMENT = "eno1"
+MAX_NICS = 8  # two sockets of four switches, each switch one NIC (and one GPU): a DGX-like node
 FAULTS = ("link_down", "link_flap", "symbol_errors", "congestion", "link_degraded")
 
 
@@ -60,7 +62,9 @@ class SimulatedFabric:
         self._clock = clock
         self._lock = threading.Lock()
         self._last = clock()
-        count = min(len(gpu_bus_ids), 8) if nics is None else nics
+        count = min(len(gpu_bus_ids), MAX_NICS) if nics is None else nics
+        if not 0 <= count <= MAX_NICS:
+            raise ValueError(f"a simulated fabric has 0 to {MAX_NICS} NICs, not {count}")
         self._dirs: dict[str, set[str]] = {}
         self._files: dict[str, Callable[[], str]] = {}
         self._links: dict[str, str] = {}
@@ -96,12 +100,17 @@ class SimulatedFabric:
 
     def _build(self, gpus: list[str], nic_count: int) -> None:
         half = max(1, (max(len(gpus), nic_count) + 1) // 2)
+        placed: set[str] = set()
         for i in range(max(len(gpus), nic_count)):
             socket = 0 if i < half else 1
             complex_ = "pci0000:00" if socket == 0 else "pci0000:80"
             root_bus = complex_[-2:]
             root_port = f"{complex_}/0000:{root_bus}:{1 + i % half:02x}.0"
             gpu = _sysfs_bus_id(gpus[i]) if i < len(gpus) else None
+            if gpu is not None and gpu in placed:
+                gpu = None  # the simulated NVML repeats PCI addresses past 14 GPUs: one place per address
+            if gpu is not None:
+                placed.add(gpu)
             if i >= nic_count:
                 if gpu is not None:  # a GPU without a NIC of its own: straight under its root port
                     self._pci_device(f"devices/{root_port}/{gpu}", socket)
@@ -170,7 +179,7 @@ class SimulatedFabric:
             return False
         if nic.flapping_since is None:
             return True
-        return (self._clock() - nic.flapping_since) % FLAP_PERIOD < FLAP_PERIOD - 1.0  # down 1 s in every period
+        return (self._clock() - nic.flapping_since) % FLAP_PERIOD >= FLAP_DOWN  # down at the start of every period
 
     def _counter(self, nic: _Nic, name: str) -> Callable[[], str]:
         def read() -> str:
@@ -189,12 +198,13 @@ class SimulatedFabric:
     def _step(self, nic: _Nic, now: float, dt: float) -> None:
         k = nic.counters
         if nic.flapping_since is not None:
-            downs = int((now - nic.flapping_since) // FLAP_PERIOD) + 1
-            seen = int(k.get("_flaps", 0))
-            if downs > seen:
-                k["link_downed"] = k.get("link_downed", 0) + downs - seen
-                k["carrier_changes"] = k.get("carrier_changes", 0) + 2 * (downs - seen)
-                k["_flaps"] = downs
+            since = now - nic.flapping_since
+            downs = int(since // FLAP_PERIOD) + 1  # each period starts with the link going down...
+            ups = int((since - FLAP_DOWN) // FLAP_PERIOD) + 1 if since >= FLAP_DOWN else 0  # ...and up FLAP_DOWN later
+            new_downs, new_ups = downs - int(k.get("_flaps", 0)), ups - int(k.get("_ups", 0))
+            k["link_downed"] = k.get("link_downed", 0) + new_downs
+            k["carrier_changes"] = k.get("carrier_changes", 0) + new_downs + new_ups
+            k["_flaps"], k["_ups"] = downs, ups
         if not self._up(nic):
             return
         data = nic.rate_gbps * 1e9 / 8 * TRAFFIC_SHARE * dt
@@ -235,7 +245,11 @@ class SimulatedFabric:
         self._change(index, down)
 
     def link_flap(self, index: int) -> None:
-        self._change(index, lambda nic: setattr(nic, "flapping_since", self._clock()))
+        def flap(nic: _Nic) -> None:
+            if nic.flapping_since is None:
+                nic.flapping_since = self._clock()
+                nic.counters["_flaps"] = nic.counters["_ups"] = 0
+        self._change(index, flap)
 
     def symbol_errors(self, index: int, per_second: float = SYMBOL_ERRORS_PER_SECOND) -> None:
         self._change(index, lambda nic: setattr(nic, "symbol_errors_rate", per_second))
@@ -249,11 +263,12 @@ class SimulatedFabric:
     def restore(self, index: int) -> None:
         """Undo every fault of the NIC; what the counters counted stays counted."""
         def heal(nic: _Nic) -> None:
-            if not nic.up:
+            if not self._up(nic):  # down, or in a flap's down phase: the carrier comes back
                 nic.counters["carrier_changes"] = nic.counters.get("carrier_changes", 0) + 1
             nic.up, nic.flapping_since, nic.rate_gbps = True, None, RATE_GBPS
             nic.symbol_errors_rate = nic.ecn_rate = 0.0
             nic.counters.pop("_flaps", None)
+            nic.counters.pop("_ups", None)
         self._change(index, heal)
 
     def inject(self, kind: str, index: int) -> None:

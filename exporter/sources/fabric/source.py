@@ -43,8 +43,10 @@ class FabricSource(Source):
         self._topology: Topology | None = None
         self._topology_key: tuple[object, ...] = ()
         self._topology_at = 0.0
-        self._environ: dict[int, dict[str, str] | None] = {}  # pid -> its NCCL variables; None: unreadable
+        # (pid, start time) -> its NCCL variables; None: unreadable. The start time tells a reused PID apart.
+        self._environ: dict[tuple[int, str], dict[str, str] | None] = {}
         self._unplaced_logged: set[str] = set()
+        self._topology_failed = False
 
     def start(self) -> None:
         log.info("fabric: reading %s", self.view.name)
@@ -57,10 +59,19 @@ class FabricSource(Source):
         self.problems.begin()
         rdma.collect(self.view, batch, self.wraps, self.problems)
         ethernet.collect(self.view, batch, self.problems, self.pattern)
-        self._collect_topology(batch)
+        try:
+            self._collect_topology(batch)
+        except Exception:  # a sysfs the topology code did not foresee must not take the port series down with it
+            if not self._topology_failed:
+                log.exception("fabric: the GPU-NIC topology could not be computed from %s", self.view.name)
+            self._topology_failed = True
+            batch.errors.append("fabric_topology")
+        else:
+            self._topology_failed = False
         self.wraps.sweep()
         for device, count in sorted(self.problems.unreadable.items()):
             batch.add(c.UNREADABLE, (device,), count)
+            batch.errors.extend(["fabric_unreadable_file"] * count)
         self.problems.end()
         return batch
 
@@ -83,6 +94,7 @@ class FabricSource(Source):
 
     def _collect_topology(self, batch: Batch) -> None:
         topology = self._current_topology()  # a NIC or GPU it cannot place is logged once, and left out
+        batch.errors.extend(["fabric_unplaced"] * (len(topology.unreadable_nics) + len(topology.unreadable_gpus)))
         for placed in topology.nics:
             where = placed.place
             batch.add(c.NIC_TOPOLOGY, (placed.nic.device, where.pci_bus_id, str(where.numa_node), where.pcie_switch,
@@ -100,21 +112,32 @@ class FabricSource(Source):
                 batch.add(c.GPU_PREFERRED_NIC, (*labels, p.device, p.port, p.path), 1)
         self._collect_nccl(batch, topology, by_uuid)
 
+    def _start_time(self, pid: int) -> str:
+        """Field 22 of /proc/PID/stat (start time in clock ticks since boot): with the PID, names one process."""
+        try:
+            with open(f"{self.proc_path}/{pid}/stat", "rb") as handle:
+                stat = handle.read(4096)
+        except OSError:
+            return ""
+        fields = stat.rpartition(b")")[2].split()  # after the command, which may hold spaces: field 3 on
+        return fields[19].decode() if len(fields) > 19 else ""
+
     def _collect_nccl(self, batch: Batch, topology: Topology, by_uuid: dict) -> None:  # type: ignore[type-arg]
         """Per GPU-holding process that sets NCCL_IB_HCA or NCCL_SOCKET_IFNAME: whether that keeps each of its GPUs
         off all of the GPU's preferred NICs."""
         holders = self.table.holders()
-        for pid in list(self._environ):
-            if pid not in holders:
-                del self._environ[pid]
+        keys = {pid: (pid, self._start_time(pid)) for pid in holders}
+        for key in set(self._environ) - set(keys.values()):
+            del self._environ[key]
         nics = [placed.nic for placed in topology.nics]
         for pid, gpus in holders.items():
-            if pid not in self._environ:  # the environment a process was exec'd with never changes
+            key = keys[pid]
+            if key not in self._environ:  # the environment a process was exec'd with never changes
                 try:
-                    self._environ[pid] = read_environ(Path(self.proc_path), pid, NCCL_VARIABLES)
+                    self._environ[key] = read_environ(Path(self.proc_path), pid, NCCL_VARIABLES)
                 except Invisible:
-                    self._environ[pid] = None
-            env = self._environ[pid]
+                    self._environ[key] = None
+            env = self._environ[key]
             if not env:
                 continue
             allowed = nccl.allowed(env, nics)

@@ -30,7 +30,8 @@ class HostSysfs:
     """The sysfs mounted at `root` (read-only is enough)."""
 
     def __init__(self, root: str = "/sys") -> None:
-        self.root = os.path.abspath(root)
+        # resolved, so that resolve() of a path below it is relative to the same real directory
+        self.root = os.path.realpath(root)
         self.name = f"sysfs at {self.root}"
 
     def _path(self, rel: str) -> str:

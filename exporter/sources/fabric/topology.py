@@ -322,7 +322,8 @@ def _listdir(view: SysfsView, rel: str) -> list[str]:
 
 def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
     """mlx5_2 before mlx5_10, port 2 before port 10."""
-    return tuple((0, int(part)) if part.isdigit() else (1, part) for part in re.split(r"(\d+)", name) if part)
+    return tuple((0, int(part)) if part.isascii() and part.isdigit() else (1, part)
+                 for part in re.split(r"([0-9]+)", name) if part)
 
 
 def _natural(names: Iterable[str]) -> list[str]:

@@ -51,8 +51,8 @@ class SimulateConfig(Section):
     busy: Duration = Field(0.1, description="Busy time per cycle for pattern=square.")
     idle: Duration = Field(0.1, description="Idle time per cycle for pattern=square.")
     nics: int | None = Field(
-        None, ge=0, le=64, description="Simulated RDMA NICs for the fabric source, NIC i on GPU i's PCIe "
-        "switch; default one per simulated GPU, at most 8.")
+        None, ge=0, le=8, description="Simulated RDMA NICs for the fabric source (at most 8), NIC i on GPU i's "
+        "PCIe switch; default one per simulated GPU, at most 8.")
     faults: list[FaultSpec] = Field(default_factory=list, description="Faults injected on a schedule.")
 
     @property

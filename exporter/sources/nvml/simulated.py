@@ -799,7 +799,10 @@ def schedule_faults(sim: SimulatedGpus, faults: list, stop: threading.Event, fab
                 return
             if fault.kind in FABRIC_FAULTS:
                 if fabric is None:
-                    log.error("simulate: no simulated fabric for fault %s (is the fabric source off?)", fault.kind)
+                    log.error("simulate: no simulated fabric for fault %s", fault.kind)
+                    continue
+                if fault.nic >= len(fabric.nics):
+                    log.error("simulate: fault names NIC %d, only %d simulated", fault.nic, len(fabric.nics))
                     continue
                 log.warning("simulate: injecting %s on NIC %d", fault.kind, fault.nic)
                 fabric.inject(fault.kind, fault.nic)
