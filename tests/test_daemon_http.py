@@ -24,8 +24,8 @@ def test_endpoints_and_landing_page() -> None:
         ready = wait_for(lambda: live.client.get("/readyz").status_code == 200)
         assert ready
         body = live.client.get("/readyz").json()
-        assert body == {"ready": True, "sources": {"nvml": True, "host": True, "ingest": True, "flight": True,
-                                                   "process": True}}
+        assert body == {"ready": True, "sources": {"nvml": True, "fabric": True, "host": True, "ingest": True,
+                                                   "flight": True, "process": True}}
         landing = live.client.get("/").text
         for link in ('href="metrics"', 'href="healthz"', 'href="readyz"'):
             assert link in landing
@@ -146,4 +146,4 @@ def test_disabled_source_is_not_run_or_reported() -> None:
         text = live.metrics()
         assert value(text, "goodput_exporter_source_up", source="host") is None
         assert live.client.get("/readyz").json()["sources"] == {
-            "nvml": True, "ingest": True, "flight": True, "process": True}
+            "nvml": True, "fabric": True, "ingest": True, "flight": True, "process": True}
