@@ -58,15 +58,19 @@ class Webhook:
         self.server.shutdown()
 
 
-@pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
+def _running(tmp_path: Path, nics: int | None = None) -> Iterator[tuple[Stack, Webhook]]:
     webhook = Webhook()
-    live = Stack(tmp_path, Ports.free(), gpus=4, ranks=4, webhook_url=webhook.url).start()
+    live = Stack(tmp_path, Ports.free(), gpus=4, ranks=4, webhook_url=webhook.url, nics=nics).start()
     try:
         yield live, webhook
     finally:
         live.stop()
         webhook.close()
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
+    yield from _running(tmp_path)
 
 
 def test_a_straggler_rank_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
@@ -141,13 +145,7 @@ def _fabric_alerts_seen(live: Stack, seconds: float) -> list[dict[str, str]]:
 @pytest.fixture
 def fabric_stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
     """Four GPUs and ranks, five NICs: NIC 4 sits beside no GPU, so a fault there is apart from the others."""
-    webhook = Webhook()
-    live = Stack(tmp_path, Ports.free(), gpus=4, ranks=4, webhook_url=webhook.url, nics=5).start()
-    try:
-        yield live, webhook
-    finally:
-        live.stop()
-        webhook.close()
+    yield from _running(tmp_path, nics=5)
 
 
 def test_fabric_faults_page_and_resolve_and_a_healthy_fabric_stays_silent(

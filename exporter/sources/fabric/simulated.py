@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .topology import normalize_bus_id
+
 RATE_GBPS = 400
 TRAFFIC_SHARE = 0.25  # of the link rate, each way, while the link is up
 PACKET_BYTES = 4096
@@ -45,12 +47,6 @@ class _Nic:
 
 def _rate_text(gbps: float) -> str:
     return f"{gbps:g} Gb/sec (4X {'NDR' if gbps >= 400 else 'HDR'})"  # as the kernel prints it
-
-
-def _sysfs_bus_id(nvml_bus_id: str) -> str:
-    """NVML's `00000000:18:00.0` -> sysfs' `0000:18:00.0`."""
-    domain, _, rest = nvml_bus_id.partition(":")
-    return f"{int(domain, 16) & 0xFFFF:04x}:{rest.lower()}"
 
 
 class SimulatedFabric:
@@ -106,7 +102,7 @@ class SimulatedFabric:
             complex_ = "pci0000:00" if socket == 0 else "pci0000:80"
             root_bus = complex_[-2:]
             root_port = f"{complex_}/0000:{root_bus}:{1 + i % half:02x}.0"
-            gpu = _sysfs_bus_id(gpus[i]) if i < len(gpus) else None
+            gpu = normalize_bus_id(gpus[i]) if i < len(gpus) else None
             if gpu is not None and gpu in placed:
                 gpu = None  # the simulated NVML repeats PCI addresses past 14 GPUs: one place per address
             if gpu is not None:

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from .reading import listdir
 from .sysfs import SysfsView
 
 # nvidia-smi's names of the PCI paths, best first
@@ -160,7 +161,7 @@ def nics(view: SysfsView) -> NicScan:
     ports cannot be listed, is reported as unreadable."""
     found: list[Nic] = []
     unreadable: list[str] = []
-    for device in _natural(_listdir(view, "class/infiniband")):
+    for device in _natural(listdir(view, "class/infiniband")):
         try:
             nic = _rdma_nic(view, device)
         except OSError:
@@ -169,7 +170,7 @@ def nics(view: SysfsView) -> NicScan:
         if nic is not None:
             found.append(nic)
     taken = {netdev for nic in found for netdev in nic.netdevs}
-    for iface in _natural(_listdir(view, "class/net")):
+    for iface in _natural(listdir(view, "class/net")):
         if iface in taken:
             continue
         try:
@@ -311,13 +312,6 @@ def _plain_nic(view: SysfsView, iface: str) -> Nic | None:
         # no PCI device, or the function carries an RDMA device whose entry could not be read: not a plain NIC
         return None
     return Nic(iface, ("",), (iface,), bdf)
-
-
-def _listdir(view: SysfsView, rel: str) -> list[str]:
-    try:
-        return view.listdir(rel)
-    except OSError:
-        return []
 
 
 def _natural_key(name: str) -> tuple[tuple[int, int | str], ...]:
