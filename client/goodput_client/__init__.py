@@ -1,4 +1,4 @@
-"""Report training steps and phases to the node's goodput-exporter, from any training loop.
+"""Report training steps and phases, or an inference server's requests, to the node's goodput-exporter.
 
     from goodput_client import Telemetry
 
@@ -8,14 +8,21 @@
             with telemetry.phase("compute"):
                 loss = model(batch).sum(); loss.backward(); optimizer.step()
 
+    telemetry = Telemetry("chat", ttft_objective_seconds=0.5, tpot_objective_seconds=0.05)
+    with telemetry.request(model="llama-3-8b", prompt_tokens=len(prompt)) as r:   # in a request handler
+        for chunk in generate(prompt):
+            r.token()                            # TTFT, the inter-token gaps and TPOT, from these
+            yield chunk
+
 Standard library only, and cheap to import: the HTTP client, JSON and logging load when a Telemetry
 is created or first needs them. The wire format is `goodput_client.contract`.
 """
 
 from __future__ import annotations
 
-from .contract import DEFAULT_SOCKET, PHASES
+from .contract import DEFAULT_SOCKET, DEFAULT_TPOT_OBJECTIVE, DEFAULT_TTFT_OBJECTIVE, FINISH_REASONS, PHASES
 from .telemetry import Telemetry
 
 __version__ = "0.1.0"
-__all__ = ["DEFAULT_SOCKET", "PHASES", "Telemetry", "__version__"]
+__all__ = ["DEFAULT_SOCKET", "DEFAULT_TPOT_OBJECTIVE", "DEFAULT_TTFT_OBJECTIVE", "FINISH_REASONS", "PHASES",
+           "Telemetry", "__version__"]

@@ -10,17 +10,40 @@ module level, so that both sides (and a training image) can import it for free.
     {"type": "step", "workload": W, "rank": R, "duration_seconds": S, "tokens": N, "samples": N}
     {"type": "phase", "workload": W, "rank": R, "phase": P, "seconds": S}
     {"type": "lifecycle", "workload": W, "rank": R, "event": E}
+    {"type": "request", "workload": W, "rank": R, "model": M,
+     "ttft_seconds": S|null, "tpot_seconds": S|null, "e2e_seconds": S, "queue_seconds": S|null,
+     "prompt_tokens": N, "output_tokens": N, "itl_counts": [N, ...], "itl_sum": S,
+     "finish_reason": F, "ttft_objective_seconds": O, "tpot_objective_seconds": O}
 
     W matches WORKLOAD_PATTERN; 0 <= R < MAX_RANK; P in PHASES; E in LIFECYCLE_EVENTS;
     0 <= seconds <= MAX_SECONDS; 0 < duration_seconds <= MAX_SECONDS; 0 <= N <= MAX_COUNT;
     finite numbers only, no other keys.
+
+A "request" event is one finished request of an inference server (any process streaming tokens), for
+the daemon's per (workload, model) latency histograms and SLO counts:
+
+    M matches MODEL_PATTERN; F in FINISH_REASONS; every key is required except queue_seconds.
+    ttft_seconds    arrival to the first output token; null when no token was produced
+    tpot_seconds    the request's mean time per output token after the first,
+                    (t_last - t_first) / (output_tokens - 1); null when output_tokens < 2
+    e2e_seconds     arrival to the last byte
+    queue_seconds   arrival to leaving the server's queue, when the server knows it (absent or null: not)
+    itl_counts      the request's inter-token gaps, bucketed by the sender: len(ITL_BUCKETS) + 1 counts
+                    (the last one past the last bound, +Inf), not cumulative; a gap g is counted under
+                    the first bound b with g <= b. itl_sum is the sum of the gaps.
+    O               the objectives the request was judged against: 0 < O <= MAX_SECONDS. TTFT is met when
+                    ttft_seconds is not null and <= its objective, TPOT likewise; both when TTFT is met
+                    and TPOT is met or null.
+
+The buckets are vLLM's (TTFT_BUCKETS its TTFT bounds, TPOT_BUCKETS = ITL_BUCKETS its inter-token
+bounds), so that the same thresholds work against either.
 """
 
 from __future__ import annotations
 
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
-EVENT_TYPES = ("step", "phase", "lifecycle")
+EVENT_TYPES = ("step", "phase", "lifecycle", "request")
 PHASES = ("compute", "data_wait", "comm_wait", "checkpoint", "startup", "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
 LIFECYCLE_EVENTS = ("start", "restart", "end")
@@ -29,6 +52,21 @@ MAX_COUNT = 10**12  # tokens, samples
 MIN_DURATION = 1e-9  # a step's duration is positive: shorter ones are sent as this
 WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"
 MAX_RANK = 1_000_000
+
+# --- inference requests ---
+MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,255}$"
+FINISH_REASONS = ("stop", "length", "abort", "error")
+FALLBACK_FINISH_REASON = "stop"  # where the client records a finish reason it does not know
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+               40.0, 80.0)
+TPOT_BUCKETS = ITL_BUCKETS
+E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+               480.0, 960.0, 1920.0, 7680.0)
+QUEUE_BUCKETS = E2E_BUCKETS
+DEFAULT_TTFT_OBJECTIVE = 1.0  # seconds
+DEFAULT_TPOT_OBJECTIVE = 0.1  # seconds
 
 DEFAULT_SOCKET = "/run/goodput-exporter/ingest.sock"  # the daemon's ingest.socket_path default
 SOCKET_ENV = "GOODPUT_INGEST_SOCKET_PATH"  # the same setting, as the daemon and the client read it
@@ -53,6 +91,35 @@ def phase_event(workload: str, rank: int, phase: str, seconds: float) -> Event:
 
 def lifecycle_event(workload: str, rank: int, event: str) -> Event:
     return {"type": "lifecycle", "workload": workload, "rank": rank, "event": event}
+
+
+def _seconds(value: float | None) -> float | None:
+    """None as None, a negative time as 0; NaN is kept (encode refuses it, as it should)."""
+    if value is None:
+        return None
+    value = float(value)
+    return 0.0 if value < 0.0 else value
+
+
+def request_event(workload: str, rank: int, model: str, *, ttft_seconds: float | None, tpot_seconds: float | None,
+                  e2e_seconds: float, output_tokens: int = 0, prompt_tokens: int = 0,
+                  itl_counts: list[int] | None = None, itl_sum: float = 0.0, finish_reason: str = "stop",
+                  ttft_objective_seconds: float = DEFAULT_TTFT_OBJECTIVE,
+                  tpot_objective_seconds: float = DEFAULT_TPOT_OBJECTIVE,
+                  queue_seconds: float | None = None) -> Event:
+    """One finished request. Negative times are sent as 0; `itl_counts` None: no gaps."""
+    event: Event = {
+        "type": "request", "workload": workload, "rank": rank, "model": model,
+        "ttft_seconds": _seconds(ttft_seconds), "tpot_seconds": _seconds(tpot_seconds),
+        "e2e_seconds": _seconds(e2e_seconds), "prompt_tokens": int(prompt_tokens),
+        "output_tokens": int(output_tokens),
+        "itl_counts": [0] * (len(ITL_BUCKETS) + 1) if itl_counts is None else [int(n) for n in itl_counts],
+        "itl_sum": _seconds(itl_sum), "finish_reason": finish_reason,
+        "ttft_objective_seconds": float(ttft_objective_seconds),
+        "tpot_objective_seconds": float(tpot_objective_seconds)}
+    if queue_seconds is not None:
+        event["queue_seconds"] = _seconds(queue_seconds)
+    return event
 
 
 def batch_body(events: list[Event]) -> dict[str, list[Event]]:

@@ -1,4 +1,4 @@
-"""Telemetry: the per-rank reporter a training loop calls.
+"""Telemetry: the per-rank reporter a training loop (or an inference server) calls.
 
 Never raises into the loop and never blocks it: the loop only appends to a bounded in-process queue,
 which a background thread sends in batches. When the daemon is absent or slow, events are dropped and
@@ -13,21 +13,32 @@ from __future__ import annotations
 import atexit
 import collections
 import os
+import sys
 import threading
 import time
+from bisect import bisect_left
 
 from .contract import (
     DEFAULT_SOCKET,
+    DEFAULT_TPOT_OBJECTIVE,
+    DEFAULT_TTFT_OBJECTIVE,
     EVENTS_PATH,
+    FALLBACK_FINISH_REASON,
     FALLBACK_PHASE,
+    FINISH_REASONS,
     FLIGHT_DUMP_PREFIX,
+    ITL_BUCKETS,
     LIFECYCLE_EVENTS,
+    MAX_COUNT,
+    MAX_SECONDS,
+    MODEL_PATTERN,
     PHASES,
     SOCKET_ENV,
     batch_body,
     encode,
     lifecycle_event,
     phase_event,
+    request_event,
     step_event,
 )
 
@@ -45,6 +56,10 @@ if TYPE_CHECKING:  # annotations only: typing is not imported at run time
 LOGGER = "goodput_client"
 _perf = time.perf_counter
 _KNOWN_PHASES = frozenset(PHASES)
+_KNOWN_REASONS = frozenset(FINISH_REASONS)
+_ITL_SLOTS = len(ITL_BUCKETS) + 1
+_MODELS_REMEMBERED = 4096  # model names whose validity a Telemetry caches
+_INF = float("inf")
 
 
 def _log() -> logging.Logger:
@@ -114,12 +129,149 @@ class _Step:
             self._telemetry._put(("step", _perf() - self._started, self.tokens, self.samples))
 
 
+class _Invalid(ValueError):
+    """A request that the daemon would refuse: dropped (and counted) here, so it spoils no batch."""
+
+
+def _time(value: float | None, name: str) -> float | None:
+    """A time as sent: None stays None, negative is 0; ValueError past MAX_SECONDS or not finite."""
+    if value is None:
+        return None
+    value = float(value)
+    if not -_INF < value <= MAX_SECONDS:  # NaN and infinities too
+        raise _Invalid(f"{name}={value!r} is not a number of seconds up to {MAX_SECONDS}")
+    return 0.0 if value < 0.0 else value
+
+
+def _count(value: int, name: str) -> int:
+    if isinstance(value, float) and not value.is_integer():
+        raise _Invalid(f"{name}={value!r} is not a whole number")
+    value = int(value)
+    if not 0 <= value <= MAX_COUNT:
+        raise _Invalid(f"{name}={value!r} is not within [0, {MAX_COUNT}]")
+    return value
+
+
+def _valid_objective(value: float) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= MAX_SECONDS
+
+
+def judge(ttft_seconds: float | None, tpot_seconds: float | None, ttft_objective_seconds: float,
+          tpot_objective_seconds: float) -> tuple[bool | None, bool | None, bool | None]:
+    """(ttft met, tpot met, both met) as the daemon counts them: None where not judged (no first token;
+    fewer than two tokens). Both: TTFT met, and TPOT met or not judged; None when TTFT was not judged."""
+    ttft_met = None if ttft_seconds is None else ttft_seconds <= ttft_objective_seconds
+    tpot_met = None if tpot_seconds is None else tpot_seconds <= tpot_objective_seconds
+    both = None if ttft_met is None else ttft_met and tpot_met is not False
+    return ttft_met, tpot_met, both
+
+
+def _cancelled(kind: type[BaseException]) -> bool:
+    """A request whose block was cancelled (the client went away) rather than failed."""
+    if issubclass(kind, GeneratorExit):
+        return True
+    asyncio = sys.modules.get("asyncio")  # never imported here: if it is not loaded, nothing was cancelled by it
+    return asyncio is not None and issubclass(kind, asyncio.CancelledError)
+
+
+class _Request:
+    """One request of an inference server, timed from the block's entry. Inside the block: `token(n)` as
+    output tokens arrive, `queued()` when it leaves the queue, `finish_reason = ...`. After it, the
+    measurements and their judgment are readable (None where there was nothing to measure or judge)."""
+
+    __slots__ = ("_first", "_itl", "_last", "_queued", "_reason", "_started", "_telemetry", "e2e_seconds",
+                 "itl_sum", "met", "model", "output_tokens", "prompt_tokens", "queue_seconds", "tpot_met",
+                 "tpot_objective_seconds", "tpot_seconds", "ttft_met", "ttft_objective_seconds",
+                 "ttft_seconds")
+
+    def __init__(self, telemetry: Telemetry, model: str, prompt_tokens: int, ttft_objective_seconds: float,
+                 tpot_objective_seconds: float) -> None:
+        self._telemetry = telemetry
+        self.model = model
+        self.prompt_tokens = prompt_tokens
+        self.ttft_objective_seconds = ttft_objective_seconds
+        self.tpot_objective_seconds = tpot_objective_seconds
+        self.output_tokens = 0
+        self.itl_sum = 0.0
+        self._itl = [0] * _ITL_SLOTS
+        self._started = 0.0
+        self._first: float | None = None
+        self._last = 0.0
+        self._queued: float | None = None
+        self._reason: str | None = None
+        self.ttft_seconds: float | None = None
+        self.tpot_seconds: float | None = None
+        self.e2e_seconds: float | None = None
+        self.queue_seconds: float | None = None
+        self.ttft_met: bool | None = None
+        self.tpot_met: bool | None = None
+        self.met: bool | None = None
+
+    @property
+    def finish_reason(self) -> str:
+        """stop (the default), length, abort or error; see Telemetry.request for how it is decided."""
+        return self._reason or "stop"
+
+    @finish_reason.setter
+    def finish_reason(self, reason: str) -> None:
+        self._reason = reason
+
+    def __enter__(self) -> _Request:
+        self._started = _perf()
+        return self
+
+    def queued(self) -> None:
+        """The request leaves the queue now (optional): queue_seconds is the time from arrival to here."""
+        self._queued = _perf()
+
+    def token(self, n: int = 1) -> None:
+        """`n` output tokens arrived now (more than one: they came together). The first call fixes TTFT;
+        each later one is one inter-token gap."""
+        now = _perf()
+        try:
+            self.output_tokens += n
+        except TypeError:  # not a number: nothing recorded, nothing raised
+            return
+        if self._first is None:
+            self._first = now
+        else:
+            gap = now - self._last
+            self._itl[bisect_left(ITL_BUCKETS, gap)] += 1
+            self.itl_sum += gap
+        self._last = now
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        ended = _perf()
+        reason = self._reason
+        if kind is not None and reason is None:
+            reason = "abort" if _cancelled(kind) else "error"
+            _log().debug("goodput telemetry: a request of %r ended by %s, recorded as %r", self.model,
+                         kind.__name__, reason)
+        try:
+            start, first = self._started, self._first
+            self.e2e_seconds = ended - start
+            if first is not None:
+                self.ttft_seconds = first - start
+                if self.output_tokens >= 2:
+                    self.tpot_seconds = (self._last - first) / (self.output_tokens - 1)
+            if self._queued is not None:
+                self.queue_seconds = self._queued - start
+            self._reason = self._telemetry._submit_request(self, reason or "stop")
+        except Exception as problem:  # never into the server; the block's own exception goes on unchanged
+            self._telemetry._drop_request(self.model, problem)
+
+
 class Telemetry:
     """A per-process reporter. Create one per rank; it is thread-safe.
 
     `workload` and `rank` default to what the launcher's variables name (TORCHELASTIC_RUN_ID, SLURM_JOB_ID
     or MASTER_ADDR:MASTER_PORT; RANK or SLURM_PROCID), else "default" and 0. Events go to `url` when
     given, else to the Unix socket `socket_path`, else $GOODPUT_INGEST_SOCKET_PATH, else DEFAULT_SOCKET.
+
+    An inference server reports its requests with `request()` or `record_request()`, judged against
+    `ttft_objective_seconds` and `tpot_objective_seconds` unless a request names its own (ValueError here
+    when one is not within (0, MAX_SECONDS]: a configuration error, found at startup).
     """
 
     def __init__(
@@ -134,9 +286,18 @@ class Telemetry:
         max_queue: int = 100_000,
         max_batch: int = 5_000,
         timeout: float = 2.0,
+        ttft_objective_seconds: float = DEFAULT_TTFT_OBJECTIVE,
+        tpot_objective_seconds: float = DEFAULT_TPOT_OBJECTIVE,
     ) -> None:
         from .transport import Transport
 
+        for name, objective in (("ttft_objective_seconds", ttft_objective_seconds),
+                                ("tpot_objective_seconds", tpot_objective_seconds)):
+            if not _valid_objective(objective):
+                raise ValueError(f"{name}={objective!r}: expected seconds within (0, {MAX_SECONDS}]")
+        self.ttft_objective_seconds = float(ttft_objective_seconds)
+        self.tpot_objective_seconds = float(tpot_objective_seconds)
+        self._models: dict[str, bool] = {}  # model name -> whether it matches MODEL_PATTERN
         self.workload, self.rank = _identity(workload, rank)
         self.max_queue = max_queue
         self.max_batch = max_batch
@@ -203,6 +364,95 @@ class Telemetry:
             return
         self._put(("lifecycle", event))
 
+    # --- inference requests ----------------------------------------------------------------------------
+
+    def request(self, model: str, prompt_tokens: int = 0, ttft_objective_seconds: float | None = None,
+                tpot_objective_seconds: float | None = None) -> _Request:
+        """`with telemetry.request(model="llama-3-8b", prompt_tokens=n) as r:` around one request, from its
+        arrival to its last byte; `r.token()` as each output token (`r.token(n)`: n tokens at once) is
+        sent, `r.queued()` when it leaves the queue, if the server knows.
+
+        `r.finish_reason` is "stop" unless set to "length", "abort" or "error" in the block; when the block
+        raises and it was not set, "error" ("abort" for GeneratorExit and asyncio.CancelledError, a client
+        gone away). The exception goes on unchanged. Another reason is recorded as "stop" (logged once).
+        After the block: `r.ttft_seconds`, `r.tpot_seconds`, `r.e2e_seconds`, `r.queue_seconds`, and
+        `r.ttft_met`, `r.tpot_met`, `r.met` (TTFT met and TPOT met or not judged), None where not judged.
+        An objective not within (0, MAX_SECONDS] is replaced by the Telemetry's (logged once)."""
+        return _Request(self, model, prompt_tokens,
+                        self._objective(ttft_objective_seconds, self.ttft_objective_seconds, "ttft"),
+                        self._objective(tpot_objective_seconds, self.tpot_objective_seconds, "tpot"))
+
+    def record_request(self, model: str, ttft_seconds: float | None, tpot_seconds: float | None,
+                       e2e_seconds: float, output_tokens: int, prompt_tokens: int = 0,
+                       inter_token_seconds: Iterable[float] = (), queue_seconds: float | None = None,
+                       finish_reason: str = "stop", ttft_objective_seconds: float | None = None,
+                       tpot_objective_seconds: float | None = None) -> None:
+        """One finished request that the server measured itself (see the wire contract for each value;
+        `inter_token_seconds`: the gaps between its output tokens). A request with a value the daemon
+        would refuse (not finite, over MAX_SECONDS or MAX_COUNT, a model name not matching MODEL_PATTERN)
+        is dropped and counted in `dropped`, logged once; a negative time is sent as 0."""
+        try:
+            request = _Request(self, model, prompt_tokens,
+                               self._objective(ttft_objective_seconds, self.ttft_objective_seconds, "ttft"),
+                               self._objective(tpot_objective_seconds, self.tpot_objective_seconds, "tpot"))
+            request.ttft_seconds, request.tpot_seconds = ttft_seconds, tpot_seconds
+            request.e2e_seconds, request.queue_seconds = e2e_seconds, queue_seconds
+            request.output_tokens = output_tokens
+            itl = request._itl
+            for gap in inter_token_seconds:
+                gap = _time(gap, "inter_token_seconds")
+                itl[bisect_left(ITL_BUCKETS, gap)] += 1
+                request.itl_sum += gap
+            self._submit_request(request, finish_reason)
+        except Exception as problem:  # never into the server
+            self._drop_request(model, problem)
+
+    def _objective(self, value: float | None, default: float, name: str) -> float:
+        if value is None:
+            return default
+        if _valid_objective(value):
+            return float(value)
+        self._warn_once(f"objective-{name}", f"goodput telemetry: {name} objective %s replaced by the default",
+                        repr(value))
+        return default
+
+    def _valid_model(self, model: str) -> bool:
+        known = self._models.get(model)
+        if known is None:
+            import re  # here, not at import time
+
+            if len(self._models) >= _MODELS_REMEMBERED:
+                self._models.clear()
+            known = self._models[model] = isinstance(model, str) and re.match(MODEL_PATTERN, model) is not None
+        return known
+
+    def _submit_request(self, r: _Request, reason: str) -> str:
+        """Check, judge and queue a finished request; returns the finish reason recorded. Raises _Invalid
+        (or ValueError, TypeError) for a request the daemon would refuse."""
+        if reason not in _KNOWN_REASONS:
+            self._warn_once("finish_reason", "goodput telemetry: unknown finish reason %s recorded as 'stop'",
+                            repr(reason))
+            reason = FALLBACK_FINISH_REASON
+        if not self._valid_model(r.model):
+            raise _Invalid(f"the model name does not match {MODEL_PATTERN}")
+        ttft = r.ttft_seconds = _time(r.ttft_seconds, "ttft_seconds")
+        tpot = r.tpot_seconds = _time(r.tpot_seconds, "tpot_seconds")
+        e2e = r.e2e_seconds = _time(r.e2e_seconds, "e2e_seconds")
+        queue = r.queue_seconds = _time(r.queue_seconds, "queue_seconds")
+        itl_sum = _time(r.itl_sum, "itl_sum")
+        prompt = _count(r.prompt_tokens, "prompt_tokens")
+        output = r.output_tokens = _count(r.output_tokens, "output_tokens")
+        if max(r._itl) > MAX_COUNT:
+            raise _Invalid("more inter-token gaps than MAX_COUNT")
+        r.ttft_met, r.tpot_met, r.met = judge(ttft, tpot, r.ttft_objective_seconds, r.tpot_objective_seconds)
+        self._put(("request", r.model, ttft, tpot, e2e, queue, prompt, output, r._itl, itl_sum, reason,
+                   r.ttft_objective_seconds, r.tpot_objective_seconds))
+        return reason
+
+    def _drop_request(self, model: object, problem: Exception) -> None:
+        self.dropped += 1
+        self._warn_once("request", "goodput telemetry: a request dropped (%s)", f"model {model!r}: {problem}")
+
     def data_wait(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield from `iterable` (e.g. a PyTorch DataLoader), timing each wait as data_wait."""
         iterator = iter(iterable)
@@ -261,6 +511,13 @@ class Telemetry:
             return phase_event(self.workload, self.rank, event[1], event[2])
         if kind == "step":
             return step_event(self.workload, self.rank, event[1], event[2], event[3])
+        if kind == "request":
+            (_, model, ttft, tpot, e2e, queue, prompt, output, itl, itl_sum, reason, ttft_objective,
+             tpot_objective) = event
+            return request_event(self.workload, self.rank, model, ttft_seconds=ttft, tpot_seconds=tpot,
+                                 e2e_seconds=e2e, queue_seconds=queue, prompt_tokens=prompt,
+                                 output_tokens=output, itl_counts=itl, itl_sum=itl_sum, finish_reason=reason,
+                                 ttft_objective_seconds=ttft_objective, tpot_objective_seconds=tpot_objective)
         return lifecycle_event(self.workload, self.rank, event[1])
 
     def _send(self, batch: list[tuple]) -> str | None:  # type: ignore[type-arg]

@@ -1,6 +1,8 @@
-"""Metrics of the `ingest` source: what training jobs report over the events API."""
+"""Metrics of the `ingest` source: what training jobs and inference servers report over the events API."""
 
 from __future__ import annotations
+
+from goodput_client.contract import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 from ...core.catalog import Declarer, Kind
 
@@ -23,13 +25,55 @@ RESTARTS = _m(
 LAST_EVENT = _m(
     "goodput_workload_last_event_timestamp_seconds", Kind.GAUGE, "seconds",
     "Unix time the daemon last accepted an event from the workload's rank.", WR)
+
+# --- inference servers: what each reported per finished request (a request event) ---
+WM = ("workload", "model")
+TTFT = _m(
+    "goodput_inference_time_to_first_token_seconds", Kind.HISTOGRAM, "seconds",
+    "Time from a request's arrival to its first output token, as the serving process reported it.", WM,
+    TTFT_BUCKETS)
+TPOT = _m(
+    "goodput_inference_time_per_output_token_seconds", Kind.HISTOGRAM, "seconds",
+    "Mean time per output token after the first, one observation per request of two tokens or more, as the "
+    "serving process reported it.", WM, TPOT_BUCKETS)
+ITL = _m(
+    "goodput_inference_inter_token_latency_seconds", Kind.HISTOGRAM, "seconds",
+    "Time between consecutive output tokens (or chunks of tokens sent together), one observation per gap.",
+    WM, ITL_BUCKETS)
+E2E = _m(
+    "goodput_inference_e2e_request_latency_seconds", Kind.HISTOGRAM, "seconds",
+    "Time from a request's arrival to its last byte.", WM, E2E_BUCKETS)
+QUEUE = _m(
+    "goodput_inference_queue_time_seconds", Kind.HISTOGRAM, "seconds",
+    "Time a request waited in the server's queue, for the requests whose server reported it.", WM,
+    QUEUE_BUCKETS)
+PROMPT_TOKENS = _m(
+    "goodput_inference_prompt_tokens_total", Kind.COUNTER, "", "Prompt tokens of finished requests.", WM)
+GENERATION_TOKENS = _m(
+    "goodput_inference_generation_tokens_total", Kind.COUNTER, "", "Output tokens of finished requests.", WM)
+REQUESTS = _m(
+    "goodput_inference_requests_total", Kind.COUNTER, "",
+    "Finished requests, by finish reason: stop, length, abort (the client went away), error.",
+    (*WM, "reason"))
+SLO_MET = _m(
+    "goodput_inference_slo_met_requests_total", Kind.COUNTER, "",
+    "Requests that met their latency objective, counted exactly per request: ttft (time to first token within "
+    "its objective), tpot (time per output token within its objective), both (ttft met, and tpot met or not "
+    "measured: fewer than two tokens). Divide ttft and both by the time-to-first-token histogram's _count, "
+    "tpot by the time-per-output-token histogram's _count.", (*WM, "objective"))
+SLO_OBJECTIVE = _m(
+    "goodput_inference_slo_objective_seconds", Kind.GAUGE, "seconds",
+    "The objective the last request of the model was judged against: ttft or tpot.", (*WM, "objective"))
+
 INGEST_ACCEPTED = _m(
     "goodput_ingest_events_accepted_total", Kind.COUNTER, "",
-    "Events accepted from training jobs, by type (step, phase, lifecycle).", ("type",))
+    "Events accepted from training jobs and inference servers, by type (step, phase, lifecycle, request).",
+    ("type",))
 INGEST_REJECTED = _m(
     "goodput_ingest_rejected_requests_total", Kind.COUNTER, "",
     "Event requests rejected whole, by reason: invalid (bad JSON, types, values, unknown phase), oversize "
-    "(body or batch too large), unauthorized (missing or wrong token), workload_cap, rank_cap.",
+    "(body or batch too large), unauthorized (missing or wrong token), workload_cap, rank_cap, model_cap "
+    "(too many live workload and model pairs).",
     ("reason",))
 
 METRICS = _m.metrics

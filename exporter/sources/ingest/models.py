@@ -1,4 +1,5 @@
-"""The wire format of POST /v1/events, validated strictly: nothing half-applied, nothing guessed.
+"""The wire format of POST /v1/events (step, phase, lifecycle and request events), validated strictly:
+nothing half-applied, nothing guessed.
 
 The names, phases, lifecycle events and limits are the training client's wire contract
 (`goodput_client.contract`), imported, never restated.
@@ -8,7 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from goodput_client.contract import LIFECYCLE_EVENTS, MAX_COUNT, MAX_RANK, MAX_SECONDS, PHASES, WORKLOAD_PATTERN
+from goodput_client.contract import (
+    FINISH_REASONS,
+    ITL_BUCKETS,
+    LIFECYCLE_EVENTS,
+    MAX_COUNT,
+    MAX_RANK,
+    MAX_SECONDS,
+    MODEL_PATTERN,
+    PHASES,
+    WORKLOAD_PATTERN,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 Workload = Annotated[str, Field(pattern=WORKLOAD_PATTERN)]
@@ -16,6 +27,9 @@ Rank = Annotated[int, Field(ge=0, lt=MAX_RANK)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 Phase = Literal[PHASES]  # type: ignore[valid-type]
+Model = Annotated[str, Field(pattern=MODEL_PATTERN)]
+Objective = Annotated[float, Field(gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
+ItlCounts = Annotated[list[Count], Field(min_length=len(ITL_BUCKETS) + 1, max_length=len(ITL_BUCKETS) + 1)]
 
 
 class _Event(BaseModel):
@@ -42,7 +56,25 @@ class LifecycleEvent(_Event):
     event: Literal[LIFECYCLE_EVENTS]  # type: ignore[valid-type]
 
 
-Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent, Field(discriminator="type")]
+class RequestEvent(_Event):
+    """One finished request of an inference server; every key but queue_seconds is required."""
+
+    type: Literal["request"]
+    model: Model
+    ttft_seconds: Seconds | None
+    tpot_seconds: Seconds | None
+    e2e_seconds: Seconds
+    queue_seconds: Seconds | None = None
+    prompt_tokens: Count
+    output_tokens: Count
+    itl_counts: ItlCounts
+    itl_sum: Seconds
+    finish_reason: Literal[FINISH_REASONS]  # type: ignore[valid-type]
+    ttft_objective_seconds: Objective
+    tpot_objective_seconds: Objective
+
+
+Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent, Field(discriminator="type")]
 
 
 class EventBatch(BaseModel):

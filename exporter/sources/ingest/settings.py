@@ -23,8 +23,12 @@ class IngestConfig(SourceConfig):
     max_workloads: int = Field(32, ge=1, description="Live workloads kept on this node; more are rejected.")
     max_ranks: int = Field(
         512, ge=1, description="Live (workload, rank) pairs kept on this node; more are rejected.")
+    max_models: int = Field(
+        64, ge=1,
+        description="Live (workload, model) pairs of inference requests kept on this node; more are rejected.")
     idle_timeout: Duration = Field(
-        600.0, description="A rank that reports nothing for this long has its series removed.")
+        600.0, description="A rank (or a workload's model) that reports nothing for this long has its series "
+        "removed.")
 
     @field_validator("listen_address")
     @classmethod

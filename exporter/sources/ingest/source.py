@@ -25,7 +25,8 @@ class IngestSource(Source):
     @classmethod
     def from_settings(cls, settings: IngestConfig) -> IngestSource:
         """The state and its server; reading the token file may raise ConfigError, before anything binds."""
-        state = IngestState(settings.max_workloads, settings.max_ranks, settings.idle_timeout)
+        state = IngestState(settings.max_workloads, settings.max_ranks, settings.idle_timeout,
+                            max_models=settings.max_models)
         return cls(state, IngestServer(settings, state))
 
     def start(self) -> None:

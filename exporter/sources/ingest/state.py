@@ -1,4 +1,5 @@
-"""Per (workload, rank) accumulators, with caps and expiry; the `ingest` source renders them."""
+"""Per (workload, rank) accumulators, and per (workload, model) ones for inference requests, with caps and
+expiry; the `ingest` source renders them."""
 
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput_client.contract import PHASES
+from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES
 
 from ...core.exposition import Batch
 from . import metrics as c
-from .models import LifecycleEvent, PhaseEvent, StepEvent
+from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
 from .peer import start_time
 
 log = logging.getLogger(__name__)
@@ -45,6 +46,72 @@ class _Rank:
     ended_at: float | None = None
 
 
+class _Histogram:
+    """Non-cumulative bucket counts (the last past the last bound) and the sum of the observations."""
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self.total += value
+
+    def rendered(self) -> tuple[list[int], float]:
+        cumulative, running = [], 0
+        for count in self.counts:
+            running += count
+            cumulative.append(running)
+        return cumulative, self.total
+
+
+SLO_OBJECTIVES = ("ttft", "tpot", "both")
+REJECT_REASONS = ("invalid", "oversize", "unauthorized", "workload_cap", "rank_cap", "model_cap")
+
+
+@dataclass
+class _Model:
+    """What one workload's servers reported about one model's requests."""
+
+    ttft: _Histogram = field(default_factory=lambda: _Histogram(c.TTFT.buckets))
+    tpot: _Histogram = field(default_factory=lambda: _Histogram(c.TPOT.buckets))
+    itl: _Histogram = field(default_factory=lambda: _Histogram(c.ITL.buckets))
+    e2e: _Histogram = field(default_factory=lambda: _Histogram(c.E2E.buckets))
+    queue: _Histogram = field(default_factory=lambda: _Histogram(c.QUEUE.buckets))
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    reasons: Counter[str] = field(default_factory=Counter)
+    met: Counter[str] = field(default_factory=Counter)
+    objectives: tuple[float, float] = (0.0, 0.0)  # (ttft, tpot) of the last request
+    last_event: float = 0.0
+
+    def add(self, event: RequestEvent) -> None:
+        ttft, tpot = event.ttft_seconds, event.tpot_seconds
+        ttft_met = tpot_met = False
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            ttft_met = ttft <= event.ttft_objective_seconds
+        if tpot is not None:
+            self.tpot.observe(tpot)
+            tpot_met = tpot <= event.tpot_objective_seconds
+        self.met["ttft"] += ttft_met
+        self.met["tpot"] += tpot_met
+        self.met["both"] += ttft_met and (tpot_met or tpot is None)
+        for i, count in enumerate(event.itl_counts):
+            self.itl.counts[i] += count
+        self.itl.total += event.itl_sum
+        self.e2e.observe(event.e2e_seconds)
+        if event.queue_seconds is not None:
+            self.queue.observe(event.queue_seconds)
+        self.prompt_tokens += event.prompt_tokens
+        self.generation_tokens += event.output_tokens
+        self.reasons[event.finish_reason] += 1
+        self.objectives = (event.ttft_objective_seconds, event.tpot_objective_seconds)
+
+
 @dataclass(frozen=True, slots=True)
 class Declaration:
     start_time: int  # of the declaring process: a PID reused by another process does not inherit it
@@ -67,13 +134,16 @@ IGNORED_REASONS = ("mixed_identity", "pid_reused")
 
 class IngestState:
     def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
-                 clock: Callable[[], float] = time.time, proc_path: str = "/proc") -> None:
+                 clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64) -> None:
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
+        self.max_models = max_models
         self.idle_timeout = idle_timeout
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
+        # (workload, model) -> its requests; apart from the ranks: a rank's end leaves them, idleness expires them
+        self._models: dict[tuple[str, str], _Model] = {}
         # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
         self._declared: dict[int, Declaration] = {}
         self._proc = Path(proc_path)
@@ -86,13 +156,17 @@ class IngestState:
         with self._lock:
             self.rejected[reason] += 1
 
-    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent], peer_pid: int | None = None) -> None:
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent],
+              peer_pid: int | None = None) -> None:
         """Apply every event or none (over a cap: Rejected, and nothing changed). `peer_pid`, the
-        sending process as the kernel names it, is remembered as declaring its events' identity."""
+        sending process as the kernel names it, is remembered as declaring its events' identity (a
+        request event is activity of its workload and rank too)."""
         keys = {(e.workload, str(e.rank)) for e in events}
+        models = {(e.workload, e.model) for e in events if isinstance(e, RequestEvent)}
         now = self._clock()
         with self._lock:
             new = keys - self._ranks.keys()
+            new_models = models - self._models.keys()
             if new:
                 workloads = {w for w, _ in self._ranks}
                 new_workloads = {w for w, _ in new} - workloads
@@ -104,12 +178,22 @@ class IngestState:
                     self.rejected["rank_cap"] += 1
                     raise Rejected("rank_cap", f"this node already tracks {len(self._ranks)} ranks "
                                    f"(ingest.max_ranks={self.max_ranks})", 429)
-                for key in new:
-                    self._ranks[key] = _Rank()
+            if new_models and len(self._models) + len(new_models) > self.max_models:
+                self.rejected["model_cap"] += 1
+                raise Rejected("model_cap", f"this node already tracks {len(self._models)} workload and model "
+                               f"pairs (ingest.max_models={self.max_models})", 429)
+            for key in new:
+                self._ranks[key] = _Rank()
+            for key in new_models:
+                self._models[key] = _Model()
             for event in events:
                 rank = self._ranks[(event.workload, str(event.rank))]
                 rank.last_event = now
-                if isinstance(event, StepEvent):
+                if isinstance(event, RequestEvent):
+                    model = self._models[(event.workload, event.model)]
+                    model.last_event = now
+                    model.add(event)
+                elif isinstance(event, StepEvent):
                     rank.buckets[bisect.bisect_left(c.STEP_BUCKETS, event.duration_seconds)] += 1
                     rank.step_seconds += event.duration_seconds
                     rank.steps += 1
@@ -174,6 +258,8 @@ class IngestState:
                         if now - r.last_event > self.idle_timeout
                         or (r.ended_at is not None and now - r.ended_at > ENDED_GRACE)]:
                 del self._ranks[key]
+            for key in [k for k, m in self._models.items() if now - m.last_event > self.idle_timeout]:
+                del self._models[key]
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
                 del self._declared[pid]  # its rank expired or ended: no ghost attribution
             for key, rank in sorted(self._ranks.items()):
@@ -189,9 +275,23 @@ class IngestState:
                     batch.add(c.PHASE_SECONDS, (*key, phase), rank.phases.get(phase, 0.0))
                 batch.add(c.RESTARTS, key, rank.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
-            for kind in ("step", "phase", "lifecycle"):
+            for key, model in sorted(self._models.items()):
+                batch.add(c.TTFT, key, model.ttft.rendered())
+                batch.add(c.TPOT, key, model.tpot.rendered())
+                batch.add(c.ITL, key, model.itl.rendered())
+                batch.add(c.E2E, key, model.e2e.rendered())
+                batch.add(c.QUEUE, key, model.queue.rendered())
+                batch.add(c.PROMPT_TOKENS, key, model.prompt_tokens)
+                batch.add(c.GENERATION_TOKENS, key, model.generation_tokens)
+                for reason in FINISH_REASONS:
+                    batch.add(c.REQUESTS, (*key, reason), model.reasons[reason])
+                for objective in SLO_OBJECTIVES:
+                    batch.add(c.SLO_MET, (*key, objective), model.met[objective])
+                batch.add(c.SLO_OBJECTIVE, (*key, "ttft"), model.objectives[0])
+                batch.add(c.SLO_OBJECTIVE, (*key, "tpot"), model.objectives[1])
+            for kind in EVENT_TYPES:
                 batch.add(c.INGEST_ACCEPTED, (kind,), self.accepted[kind])
-            for reason in ("invalid", "oversize", "unauthorized", "workload_cap", "rank_cap"):
+            for reason in REJECT_REASONS:
                 batch.add(c.INGEST_REJECTED, (reason,), self.rejected[reason])
         return batch
 
