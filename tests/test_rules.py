@@ -97,7 +97,9 @@ def test_names_follow_level_metric_operations() -> None:
 
 def test_settings_shape_the_rules(tmp_path: Path) -> None:
     settings = tmp_path / "settings.yaml"
-    settings.write_text("windows: [10m, 6h]\nnode_label: node\nmemory_predict_horizon: 2h\n")
+    # the SLO alerts' short windows are at least the short window: named with it
+    settings.write_text("windows: [10m, 6h]\nnode_label: node\nmemory_predict_horizon: 2h\n"
+                        "inference_slo_fast_windows: [10m, 1h]\n")
     out = tmp_path / "out"
     assert cli("--settings", str(settings), "--out", str(out)).returncode == 0
     text = (out / "goodput-recording.rules.yml").read_text()
@@ -120,13 +122,99 @@ def test_bad_settings_are_refused_with_the_key_named(tmp_path: Path) -> None:
         assert not (tmp_path / "out").exists()
 
 
+# --- inference objectives: each threshold is a bucket bound, per engine and per model ----------------------------
+
+
+def render(tmp_path: Path, text: str) -> subprocess.CompletedProcess[str]:
+    """`rules` with the settings `text`, into tmp_path/out."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(text)
+    return cli("--settings", str(settings), "--out", str(tmp_path / "out"))
+
+
+def test_an_objective_that_is_no_bucket_bound_is_refused_with_the_bounds_named(tmp_path: Path) -> None:
+    result = render(tmp_path, "inference_slo: {ttft_seconds: 0.3}\n")
+    assert result.returncode == 2, result.stderr
+    assert "inference_slo" in result.stderr and "vllm:time_to_first_token_seconds" in result.stderr
+    assert re.search(r"nearest bounds: [^;]*\b0\.25, 0\.5\b", result.stderr), result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_override_gives_one_model_its_own_objectives(tmp_path: Path) -> None:
+    model = "meta-llama/Llama-3.1-70B-Instruct"
+    # TGI keeps its own objective (inference_slo_engines) under a list of overrides
+    result = render(tmp_path, f'inference_slo_overrides:\n  - {{model: "{model}", engine: vllm, ttft_seconds: 2.5, '
+                              'target: 0.995}\n')
+    assert result.returncode == 0, result.stderr
+    path = tmp_path / "out" / "goodput-recording.rules.yml"
+    slo = next(g["rules"] for g in yaml.safe_load(path.read_text())["groups"] if g["name"] == "goodput.inference_slo")
+
+    def expr(record: str, **labels: str) -> str:
+        (found,) = [r["expr"] for r in slo if r["record"] == record and r.get("labels") == labels]
+        return found
+
+    met = "workload:goodput_inference_slo_met_requests:rate5m"
+    budget = "workload:goodput_inference_slo_error_budget:ratio"
+    own = expr(met, engine="vllm", objective="ttft", model=model)
+    assert f'model_name="{model}"' in own and r'le=~"2\\.5"' in own
+    default = expr(met, engine="vllm", objective="ttft")
+    assert r'model_name!~"meta\\-llama/Llama\\-3\\.1\\-70B\\-Instruct"' in default and r'le=~"1|1\\.0"' in default
+    assert f'model="{model}"' in expr(budget, engine="vllm", model=model) and expr(
+        budget, engine="vllm", model=model).endswith("* 0.005")
+    assert "model!~" in expr(budget, engine="vllm") and expr(budget, engine="vllm").endswith("* 0.01")
+    sglang = expr(met, engine="sglang", objective="ttft")  # the override names vLLM only
+    assert "!~" not in sglang and model not in sglang
+    assert [r for r in slo if r.get("labels", {}).get("model") == model and r["labels"]["engine"] != "vllm"] == []
+
+    # and Prometheus reads it so: the model at its bucket 2.5, another at the default 1.0, neither counted twice
+    def series(name: str, served: str, per_minute: int, le: str = "") -> dict[str, str]:
+        bound = f',le="{le}"' if le else ""
+        return {"series": f'{name}{{namespace="serve",model_name="{served}",engine="0"{bound}}}',
+                "values": f"0+{per_minute}x15"}
+
+    def sample(name: str, served: str, value: float, **labels: str) -> dict:
+        inner = ",".join(f'{k}="{v}"' for k, v in {"namespace": "serve", "model": served, "engine": "vllm",
+                                                    **labels}.items())
+        return {"labels": f"{name}{{{inner}}}", "value": value}
+
+    ttft, attainment = "vllm:time_to_first_token_seconds", "workload:goodput_inference_slo_attainment_ratio:rate5m"
+    case = {"interval": "1m", "input_series": [
+        series(f"{ttft}_bucket", model, 15, "1.0"), series(f"{ttft}_bucket", model, 45, "2.5"),
+        series(f"{ttft}_count", model, 60),
+        series(f"{ttft}_bucket", "qwen3-8b", 30, "1.0"), series(f"{ttft}_bucket", "qwen3-8b", 60, "2.5"),
+        series(f"{ttft}_count", "qwen3-8b", 60)],
+        "promql_expr_test": [
+            {"expr": attainment, "eval_time": "10m", "exp_samples": [
+                sample(attainment, model, 0.75, objective="ttft"),  # le="2.5": 45/60
+                sample(attainment, "qwen3-8b", 0.5, objective="ttft")]},  # le="1.0": 30/60
+            {"expr": budget, "eval_time": "10m", "exp_samples": [
+                sample(budget, model, 0.005), sample(budget, "qwen3-8b", 0.01)]}]}
+    (tmp_path / "out" / "override.test.yml").write_text(yaml.safe_dump(
+        {"rule_files": ["goodput-recording.rules.yml"], "evaluation_interval": "1m", "tests": [case]}))
+    check = subprocess.run([promtool(), "test", "rules", "override.test.yml"], capture_output=True, text=True,
+                           cwd=tmp_path / "out")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_a_threshold_of_one_engine_is_accepted_for_that_engine_only(tmp_path: Path) -> None:
+    tgi_only = 0.14778918800354002  # TGI's 18th duration bound, 0.0001 * 1.5**18: no bound of vLLM's or SGLang's
+    result = render(tmp_path / "tgi", f"inference_slo_engines: {{tgi: {{tpot_seconds: {tgi_only!r}}}}}\n")
+    assert result.returncode == 0, result.stderr
+    text = (tmp_path / "tgi" / "out" / "goodput-recording.rules.yml").read_text()
+    assert r'tgi_request_mean_time_per_token_duration_bucket{le=~"0\\.14778918800354002"}' in text
+    result = render(tmp_path / "all", f"inference_slo: {{tpot_seconds: {tgi_only!r}}}\n")
+    assert result.returncode == 2 and "vllm:request_time_per_output_token_seconds" in result.stderr, result.stderr
+    assert re.search(r"nearest bounds: [^;]*\b0\.1, 0\.15\b", result.stderr), result.stderr
+
+
 def alert_rules() -> list[dict]:
     return [rule for rule in rules() if "alert" in rule]
 
 
 def test_alerts_follow_the_conventions() -> None:
     names = [rule["alert"] for rule in alert_rules()]
-    assert len(names) == len(set(names)) == 18
+    assert len(names) == len(set(names)) == 22
     for rule in alert_rules():
         assert re.fullmatch(r"Goodput([A-Z][a-z0-9]*|GPU|ECC|XID)+", rule["alert"]), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning", "info")

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from .alerts import alert_groups
+from .inference import inference_groups
 from .recording import recording_groups
 from .settings import RulesSettings
 
@@ -32,5 +33,6 @@ def to_yaml(data: Any) -> str:
 def rule_files(settings: RulesSettings, source: str = "defaults") -> dict[str, str]:
     """File name -> content, for every file `goodput-exporter rules` writes."""
     header = HEADER.format(source=source)
-    return {"goodput-recording.rules.yml": header + to_yaml({"groups": recording_groups(settings)}),
+    recording = recording_groups(settings) + inference_groups(settings)
+    return {"goodput-recording.rules.yml": header + to_yaml({"groups": recording}),
             "goodput-alerts.rules.yml": header + to_yaml({"groups": alert_groups(settings)})}

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.core.settings import ConfigError
 
@@ -27,6 +27,44 @@ def _range(value: str) -> str:
 
 def seconds(range_: str) -> int:
     return int(range_[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[range_[-1]]
+
+
+class Objectives(BaseModel):
+    """Latency objectives of served requests, and the share of requests that must meet them."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_seconds: float = Field(1.0, gt=0, description="Time to first token, at most.")
+    tpot_seconds: float = Field(0.1, gt=0, description="Time per output token after the first (a request's mean), "
+                                "at most.")
+    target: float = Field(0.99, gt=0, lt=1, description="Share of requests that must meet both.")
+
+
+class ObjectivesPart(BaseModel):
+    """Some of the objectives, over others."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttft_seconds: float | None = Field(None, gt=0)
+    tpot_seconds: float | None = Field(None, gt=0)
+    target: float | None = Field(None, gt=0, lt=1)
+
+
+class ObjectivesOverride(ObjectivesPart):
+    model: str | None = Field(None, min_length=1, description="The served model (the engine's model label); "
+                              "absent: every model.")
+    engine: str | None = Field(None, description="The engine; absent: every engine of inference_engines.")
+
+
+def _tgi_bound(near: float) -> float:
+    """The bound of TGI's duration buckets nearest `near` (router/src/server.rs: 0.0001 times 1.5, again and again)."""
+    from .engines import ENGINES
+
+    bounds = ENGINES["tgi"].signals["time_per_output_token"][0].buckets
+    return min(bounds, key=lambda b: abs(b - near))
+
+
+TGI_TPOT_OBJECTIVE = _tgi_bound(0.1)
 
 
 class RulesSettings(BaseModel):
@@ -138,6 +176,45 @@ class RulesSettings(BaseModel):
         0.3, gt=0, le=1, description="GoodputFabricCongestion: only while the workloads on the node spend at least "
         "this share of their time in comm_wait (congestion that costs no goodput does not page).")
     fabric_congestion_for: str = Field("10m", description="GoodputFabricCongestion: for how long.")
+    # --- inference (serving engines' metrics, and the client's request events) -----------------------------
+    inference_engines: list[str] = Field(
+        ["vllm", "sglang", "tgi"], description="Serving engines whose own metrics the inference rules normalize "
+        "(names, labels and buckets in docs/inference-engines.md); the client path (goodput_inference_*) always is.")
+    inference_slo: Objectives = Field(
+        default_factory=Objectives, description="Default latency objectives of every served model: time to first "
+        "token, time per output token (a request's mean after its first token) and the attainment target. Each "
+        "threshold must be a bucket bound of every engine's histogram it is judged on (the figure is then exact).")
+    inference_slo_engines: dict[str, ObjectivesPart] = Field(
+        default_factory=lambda: {"tgi": ObjectivesPart(tpot_seconds=TGI_TPOT_OBJECTIVE)},
+        description="Objectives of every model an engine serves, over inference_slo: {engine: {ttft_seconds, "
+        "tpot_seconds, target}}. The default gives TGI the bound of its geometric buckets nearest 0.1 s (no round "
+        "number is one); set it again when you change inference_slo.tpot_seconds.")
+    inference_slo_overrides: list[ObjectivesOverride] = Field(
+        default_factory=list,
+        description="Objectives of some models, over inference_slo and inference_slo_engines: a list of {model, "
+        "engine, ttft_seconds, tpot_seconds, target}; model (the engine's model label) and engine each narrow an "
+        "entry, an entry naming a model wins over one naming only an engine. A threshold must be a bucket bound of "
+        "every engine the entry applies to: name the engine where the engines' bounds differ.")
+    inference_slo_fast_windows: list[str] = Field(
+        ["5m", "1h"], description="GoodputInferenceSLOBurnFast: the short and long windows (the SRE workbook's 5m "
+        "and 1h); the short one is at least the recording rules' short window.")
+    inference_slo_fast_burn_rate: float = Field(
+        14.4, gt=1, description="GoodputInferenceSLOBurnFast: error budget burn rate over both windows (14.4 spends "
+        "2% of a 30-day budget in an hour).")
+    inference_slo_slow_windows: list[str] = Field(
+        ["30m", "6h"],
+        description="GoodputInferenceSLOBurnSlow: the short and long windows (the workbook's 30m and 6h).")
+    inference_slo_slow_burn_rate: float = Field(
+        6, gt=1, description="GoodputInferenceSLOBurnSlow: burn rate over both windows (6 spends 5% of a 30-day "
+        "budget in 6 hours).")
+    inference_kv_cache_saturated_ratio: float = Field(
+        0.95, gt=0, le=1, description="GoodputInferenceKVCacheSaturated: share of the KV cache in use.")
+    inference_kv_cache_saturated_for: str = Field(
+        "10m", description="GoodputInferenceKVCacheSaturated: for how long, with preemptions rising.")
+    inference_idle_while_queued_ratio: float = Field(
+        0.5, gt=0, le=1, description="GoodputInferenceGPUIdleWhileQueued: idle share of the serving pods' GPUs.")
+    inference_idle_while_queued_for: str = Field(
+        "10m", description="GoodputInferenceGPUIdleWhileQueued: for how long requests wait while the GPUs idle.")
     exporter_down_for: str = Field("5m", description="GoodputExporterDown: for how long.")
     source_failing_for: str = Field("10m", description="GoodputExporterSourceFailing: for how long.")
 
@@ -158,10 +235,43 @@ class RulesSettings(BaseModel):
                      "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
-                     "fabric_congestion_for")
+                     "fabric_congestion_for", "inference_kv_cache_saturated_for", "inference_idle_while_queued_for")
     @classmethod
     def _check_range(cls, value: str) -> str:
         return _range(value)
+
+    @field_validator("inference_slo_fast_windows", "inference_slo_slow_windows")
+    @classmethod
+    def _check_burn_windows(cls, value: list[str]) -> list[str]:
+        if len(value) != 2:
+            raise ValueError("two windows: the short one, then the long one")
+        for item in value:
+            _range(item)
+        if seconds(value[0]) >= seconds(value[1]):
+            raise ValueError("the short window first, shorter than the long one")
+        return value
+
+    @field_validator("inference_engines")
+    @classmethod
+    def _check_engines(cls, value: list[str]) -> list[str]:
+        from .engines import ENGINES
+
+        unknown = sorted(set(value) - set(ENGINES))
+        if unknown:
+            raise ValueError(f"unknown engine(s) {unknown}; known: {sorted(ENGINES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_inference(self) -> RulesSettings:
+        short = seconds(self.windows[0])
+        for key in ("inference_slo_fast_windows", "inference_slo_slow_windows"):
+            window = getattr(self, key)[0]
+            if seconds(window) < short or seconds(window) % short:
+                raise ValueError(f"{key}: {window} is not a multiple of the short window {self.windows[0]}")
+        from .objectives import check_objectives
+
+        check_objectives(self)
+        return self
 
     @field_validator("fabric_error_counters")
     @classmethod

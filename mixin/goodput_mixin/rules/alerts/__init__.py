@@ -16,7 +16,7 @@ from .alert import Alert, Rule
 __all__ = ["GROUPS", "Alert", "alert_groups", "alerts"]
 
 # the groups, in the order they are written to the rule file
-GROUPS = ("workload", "gpu_health", "gpu_usage", "fabric", "exporter")
+GROUPS = ("workload", "inference", "gpu_health", "gpu_usage", "fabric", "exporter")
 
 
 def _by_group(s: RulesSettings) -> dict[str, list[Alert]]:

@@ -1,0 +1,360 @@
+"""Inference rules: each serving engine's own series -> one normalized set, per server and per served model, and
+the latency SLO figures and the serving GPUs from them.
+
+Levels (labels kept):
+- `server:` one scrape target of an engine (its target labels: instance, job, namespace, pod, ... ) plus
+  `model` (the engine's model label, renamed) and `engine` (vllm, sglang, tgi; `goodput` for the client path);
+- `workload:` a served model: `cluster`, `namespace`, `workload` (a label of the client path's series, or one the
+  scrape adds), `model`, `engine`.
+
+Engines renamed some series between versions (vLLM's gpu_cache_usage_perc -> kv_cache_usage_perc, ...): every
+name an engine has used is read, series by series, the current one winning where a server exposes both.
+
+Attainment of an objective is the share of a histogram's observations at or under its threshold, read from the
+bucket whose bound is the threshold (the settings refuse any other threshold). Two histograms do not say how many
+requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b), and
+exactly where the client path counted it. SLO goodput counts the requests known to have met both (the exact figure,
+else the lower bound); the burn-rate alerts page on errors known to have happened (1 - the exact figure, else 1 -
+the upper bound), so neither flatters nor guesses.
+"""
+
+from __future__ import annotations
+
+import re
+
+from goodput_client.contract import E2E_BUCKETS as CLIENT_E2E_BUCKETS
+from goodput_client.contract import ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
+
+from .engines import ENGINES, Engine, Native
+from .objectives import OBJECTIVES, bound, models, resolve
+from .recording import Group, Rule, _groups
+from .settings import RulesSettings, seconds
+
+_R = "the client path: the serving process's own request events (goodput_client Telemetry.request)"
+CLIENT = Engine(
+    "goodput", "goodput-client", "this repository", "model", "python", {
+        "time_to_first_token": (Native("goodput_inference_time_to_first_token_seconds", "histogram",
+                                       ("workload", "model"), TTFT_BUCKETS, source=_R),),
+        "time_per_output_token": (Native("goodput_inference_time_per_output_token_seconds", "histogram",
+                                         ("workload", "model"), TPOT_BUCKETS, source=_R),),
+        "inter_token_latency": (Native("goodput_inference_inter_token_latency_seconds", "histogram",
+                                       ("workload", "model"), ITL_BUCKETS, source=_R),),
+        "e2e_request_latency": (Native("goodput_inference_e2e_request_latency_seconds", "histogram",
+                                       ("workload", "model"), CLIENT_E2E_BUCKETS, source=_R),),
+        "queue_time": (Native("goodput_inference_queue_time_seconds", "histogram", ("workload", "model"),
+                              QUEUE_BUCKETS, source=_R),),
+        "prompt_tokens": (Native("goodput_inference_prompt_tokens_total", "counter", ("workload", "model"),
+                                 source=_R),),
+        "generation_tokens": (Native("goodput_inference_generation_tokens_total", "counter", ("workload", "model"),
+                                     source=_R),),
+        "requests_finished": (Native("goodput_inference_requests_total", "counter", ("workload", "model", "reason"),
+                                     source=_R),),
+    }, reason_label="reason")
+# the client's own labels that the normalized series keep (the engines' model label is renamed to `model`)
+_KEPT = {"workload", "model"}
+
+# Labels of an engine's parallel ranks that report the same requests (SGLang's schedulers: with pipeline parallelism,
+# or --enable-metrics-for-all-schedulers, every stage or tensor-parallel rank reports the batch they share): a
+# series is taken once over them (max) before the sum over the ranks that hold requests of their own (dp_rank).
+REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+
+GAUGES = {"requests_running": ("sum", "requests_running"), "requests_waiting": ("sum", "requests_waiting"),
+          "kv_cache_usage": ("max", "kv_cache_usage_ratio")}
+COUNTERS = {"preemptions": "preemptions", "prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
+            "requests_finished": "requests"}
+HISTOGRAMS = {"time_to_first_token": "time_to_first_token_seconds",
+              "time_per_output_token": "time_per_output_token_seconds",
+              "inter_token_latency": "inter_token_latency_seconds",
+              "e2e_request_latency": "e2e_request_latency_seconds", "queue_time": "queue_time_seconds"}
+
+
+def engines(s: RulesSettings) -> list[Engine]:
+    return [ENGINES[name] for name in s.inference_engines] + [CLIENT]
+
+
+def le_pattern(value: float) -> str:
+    """Every way a client library writes the bound `value` as `le`: Python's repr (1.0, 0.1; vLLM, SGLang) and the
+    shortest form Go and Rust write (1, 0.1; TGI). Prometheus 3 rewrites classic histograms' `le` to the former on
+    ingestion (1.0); 2.x keeps what the target wrote."""
+    spellings = {repr(value)}
+    if repr(value).endswith(".0"):
+        spellings.add(repr(value)[:-2])
+    return "|".join(re.escape(s).replace("\\", "\\\\") for s in sorted(spellings))
+
+
+def _quote(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _eq(label: str, value: str) -> str:
+    return f'{label}="{_quote(value)}"'
+
+
+def _matchers(*parts: str) -> str:
+    inner = ", ".join(p for p in parts if p)
+    return f"{{{inner}}}" if inner else ""
+
+
+class _Norm:
+    """Expressions over one engine's series with its labels normalized."""
+
+    def __init__(self, s: RulesSettings, engine: Engine) -> None:
+        self.s = s
+        self.engine = engine
+        # the label naming the served model: the engine's own, else one the scrape adds (`model`)
+        self.model_label = engine.model_label or "model"
+
+    def own_labels(self, native: Native) -> list[str]:
+        """The engine's labels that a normalized series drops (summed or maxed over): all but the model's, the
+        client's workload, and the reason of a finished request."""
+        keep = _KEPT | {self.model_label, self.engine.reason_label or ""} | set(REPLICA_LABELS)
+        return [label for label in native.labels if label not in keep]
+
+    def rename(self, expr: str, native: Native) -> str:
+        """`model` from the engine's model label; the reason a request finished as `reason`; once over the ranks
+        that report the same requests."""
+        replicas = [label for label in REPLICA_LABELS if label in native.labels]
+        if replicas:
+            expr = f"max without ({', '.join(replicas)}) ({expr})"
+        if self.model_label != "model":
+            expr = f'label_replace({expr}, "model", "$1", "{self.model_label}", "(.+)")'
+        reason = self.engine.reason_label
+        if reason and reason != "reason" and reason in native.labels:
+            expr = f'label_replace({expr}, "reason", "$1", "{reason}", "(.+)")'
+        return expr
+
+    def drop(self, native: Native) -> list[str]:
+        labels = self.own_labels(native)
+        if self.model_label != "model":
+            labels.append(self.model_label)
+        reason = self.engine.reason_label
+        if reason and reason != "reason" and reason in native.labels:
+            labels.append(reason)
+        return labels
+
+    def rule(self, record: str, expr: str, **labels: str) -> Rule:
+        """A rule of this engine: its name in the `engine` label (a static label of the rule, so that the rules
+        recording one name for several engines differ, as promtool asks)."""
+        return {"record": record, "expr": expr, "labels": {"engine": self.engine.name, **labels}}
+
+    def server(self, signal: str, fn: str, inner: str, suffix: str = "") -> str | None:
+        """Per server: `fn without (the engine's own labels)` over each name the engine has used for `signal`;
+        `inner` wraps the series selector (e.g. a rate)."""
+        names = self.engine.signals.get(signal, ())
+        if not names:
+            return None
+        parts = [self.rename(inner.format(f"{n.name}{suffix}"), n) for n in names]
+        body = "\n  or\n  ".join(parts)
+        dropped = sorted(set(self.drop(names[0])).union(*(self.drop(n) for n in names[1:])))
+        # `without ()` when the engine has no labels of its own (TGI): every target label is kept
+        return f"{fn} without ({', '.join(dropped)}) (\n  {body}\n)"
+
+    def workload(self, signal: str, suffix: str, matchers: str = "", keep: str = "", le: float | None = None) -> str:
+        """Per served model: the rate over the short window of one histogram's `suffix` series, every name the engine
+        has used (series by series, the current one first), by the workload level's labels (and `keep`)."""
+        w = self.s.windows[0]
+        parts = []
+        for native in self.engine.signals[signal]:
+            sel = [matchers]
+            if le is not None:
+                sel.append(f'le=~"{le_pattern(bound(native.buckets, le) or le)}"')
+            parts.append(self.rename(f"rate({native.name}{suffix}{_matchers(*sel)}[{w}])", native))
+        by = ", ".join(filter(None, [workload_keys(self.s, engine=False), keep]))
+        return f"sum by ({by}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
+
+
+def workload_keys(s: RulesSettings, engine: bool = True) -> str:
+    keys = [s.cluster_label, "namespace", "workload", "model"] + (["engine"] if engine else [])
+    return ", ".join(keys)
+
+
+# --- per server ---------------------------------------------------------------------------------------------------
+
+def _server(s: RulesSettings) -> list[Rule]:
+    w = s.windows[0]
+    rules: list[Rule] = []
+    for engine in engines(s):
+        norm = _Norm(s, engine)
+        for signal, (fn, name) in GAUGES.items():
+            expr = norm.server(signal, fn, "{}")
+            if expr:
+                rules.append(norm.rule(f"server:goodput_inference_{name}:{fn}", expr))
+        for signal, name in COUNTERS.items():
+            expr = norm.server(signal, "sum", f"rate({{}}[{w}])")
+            if expr:
+                rules.append(norm.rule(f"server:goodput_inference_{name}:rate{w}", expr))
+    return _sorted(rules)
+
+
+def _sorted(rules: list[Rule]) -> list[Rule]:
+    """Rules recording the same name next to each other (one per engine), in the order first met."""
+    order = {name: i for i, name in reversed(list(enumerate(r["record"] for r in rules)))}
+    return sorted(rules, key=lambda r: order[r["record"]])
+
+
+# --- per served model ---------------------------------------------------------------------------------------------
+
+def _workload(s: RulesSettings) -> list[Rule]:
+    w, keys = s.windows[0], workload_keys(s)
+    rules: list[Rule] = []
+    for fn, name in GAUGES.values():
+        rules.append({"record": f"workload:goodput_inference_{name}:{fn}",
+                      "expr": f"{fn} by ({keys}) (server:goodput_inference_{name}:{fn})"})
+    for name in COUNTERS.values():
+        by = f"{keys}, reason" if name == "requests" else keys
+        rules.append({"record": f"workload:goodput_inference_{name}:rate{w}",
+                      "expr": f"sum by ({by}) (server:goodput_inference_{name}:rate{w})"})
+    return rules
+
+
+def _latency(s: RulesSettings, signal: str) -> list[Rule]:
+    """The bucket rates of one latency histogram per served model, for quantiles against the objectives."""
+    w = s.windows[0]
+    return [_Norm(s, engine).rule(f"workload:goodput_inference_{HISTOGRAMS[signal]}_bucket:rate{w}",
+                                  _Norm(s, engine).workload(signal, "_bucket", keep="le"))
+            for engine in engines(s) if signal in engine.signals]
+
+
+def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
+    """Per objective, the requests judged and those that met it, each model at its own threshold."""
+    w, norm = s.windows[0], _Norm(s, engine)
+    rules: list[Rule] = []
+
+    def objective(expr: str, name: str) -> str:
+        return f'label_replace(\n  {expr},\n  "objective", "{name}", "", ""\n)'
+
+    overridden = models(s, engine.name)
+    for model in [None, *overridden]:
+        if model is None:  # every model but those with objectives of their own
+            match = f'!~"{_quote("|".join(re.escape(m) for m in overridden))}"' if overridden else ""
+            own: dict[str, str] = {}
+        else:
+            match, own = f'="{_quote(model)}"', {"model": model}
+        sel = f"{norm.model_label}{match}" if match else ""
+        objectives = resolve(s, engine.name, model)
+
+        def counted(name: str, sel: str = sel) -> str:
+            selector = _matchers(sel, _eq("objective", name))
+            return (f"sum by ({workload_keys(s, engine=False)}) (\n"
+                    f"  rate(goodput_inference_slo_met_requests_total{selector}[{w}])\n)")
+
+        judged: dict[str, str] = {}
+        met: dict[str, str] = {}
+        for name, (field, signal) in OBJECTIVES.items():
+            if signal in engine.signals:
+                judged[name] = norm.workload(signal, "_count", sel)
+                # the client judged each request against its own objectives, and counted those that met both
+                met[name] = counted(name) if engine is CLIENT else norm.workload(
+                    signal, "_bucket", sel, le=getattr(objectives, field))
+        if engine is CLIENT:
+            judged["both"], met["both"] = norm.workload("time_to_first_token", "_count", sel), counted("both")
+        for name in judged:
+            labels = {"objective": name, **own}
+            rules += [norm.rule(f"workload:goodput_inference_slo_requests:rate{w}", judged[name], **labels),
+                      norm.rule(f"workload:goodput_inference_slo_met_requests:rate{w}", met[name], **labels)]
+        # the error budget (1 - target) of each served model, beside its figures
+        budget = _matchers(_eq("engine", engine.name), f"model{match}" if match else "")
+        rules.append(norm.rule("workload:goodput_inference_slo_error_budget:ratio",
+                               f"group by ({workload_keys(s)}) (\n"
+                               f"  workload:goodput_inference_slo_requests:rate{w}{budget}\n) * "
+                               f"{1 - objectives.target:.10g}", **own))
+    return rules
+
+
+def _slo(s: RulesSettings) -> list[Rule]:
+    return _sorted([rule for engine in engines(s) for rule in _objective_rules(s, engine)])
+
+
+def _attainment(s: RulesSettings, window: str) -> list[Rule]:
+    """Attainment per objective, the joint attainment's bounds (and exact figure), the error ratio, in `window`."""
+    w = s.windows[0]
+    rules: list[Rule] = []
+    if window != w:
+        rules += [{"record": f"workload:goodput_inference_slo_{kind}:rate{window}",
+                   "expr": f"avg_over_time(workload:goodput_inference_slo_{kind}:rate{w}[{window}])"}
+                  for kind in ("requests", "met_requests")]
+    att = f"workload:goodput_inference_slo_attainment_ratio:rate{window}"
+    joint = f"workload:goodput_inference_slo_joint_attainment_ratio:rate{window}"
+    single = f'{att}{{objective=~"ttft|tpot"}}'
+
+    def bound_(expr: str, name: str) -> Rule:
+        return {"record": joint, "expr": expr, "labels": {"bound": name}}
+
+    rules += [
+        {"record": att, "expr": f"workload:goodput_inference_slo_met_requests:rate{window}\n"
+                                f"  / (workload:goodput_inference_slo_requests:rate{window} > 0)"},
+        # where an engine judges one objective only (TGI has no time to first token), both bounds are its figure
+        bound_(f"clamp_min(\n  sum without (objective) ({single})\n  - count without (objective) ({single}) + 1,\n"
+               "  0\n)", "lower"),
+        bound_(f"min without (objective) ({single})", "upper"),
+        bound_(f'sum without (objective) ({att}{{objective="both"}})', "exact"),
+        {"record": f"workload:goodput_inference_slo_error_ratio:rate{window}",
+         "expr": f'1 - (\n  sum without (bound) ({joint}{{bound="exact"}})\n'
+                 f'  or\n  sum without (bound) ({joint}{{bound="upper"}})\n)'},
+    ]
+    if window == w:
+        rules.append({
+            "record": f"workload:goodput_inference_slo_goodput:rate{w}",
+            "expr": f"sum without (reason) (workload:goodput_inference_requests:rate{w})\n"
+                    f'* (\n  sum without (bound) ({joint}{{bound="exact"}})\n'
+                    f'  or\n  sum without (bound) ({joint}{{bound="lower"}})\n)'})
+    return rules
+
+
+def burn_windows(s: RulesSettings) -> list[str]:
+    """Every window an SLO alert reads, shortest first."""
+    windows = {*s.inference_slo_fast_windows, *s.inference_slo_slow_windows, s.windows[0]}
+    return sorted(windows, key=seconds)
+
+
+# --- the GPUs under each served model -----------------------------------------------------------------------------
+
+def _gpus(s: RulesSettings) -> list[Rule]:
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    keys = workload_keys(s)
+    info = "workload:goodput_inference_gpu:info"
+    servers = f"server:goodput_inference_requests:rate{w}"
+    gpu = f"on ({c}, {n}, uuid) group_left ()"
+
+    def per_gpu(fn: str, expr: str) -> str:
+        return f"{fn} by ({keys}) (\n  {info}\n  * {gpu}\n  ({expr})\n)"
+
+    return [
+        # Kubernetes: the pods the kubelet assigned GPUs to, matched with the engines' pods (namespace and pod
+        # from service discovery). Elsewhere, and for the client path: the workload the process source found
+        # holding each GPU, matched with the servers' workload label.
+        {"record": info,
+         "expr": f"group by ({keys}, {n}, uuid) (\n"
+                 f"  max by ({c}, {n}, uuid, namespace, pod) (goodput_gpu_pod_info)\n"
+                 f"  * on ({c}, namespace, pod) group_left (workload, model, engine)\n"
+                 f"  topk by ({c}, namespace, pod) (1, group by ({c}, namespace, pod, workload, model, engine) "
+                 f'({servers}{{pod!=""}}))\n)\n'
+                 f"or\ngroup by ({keys}, {n}, uuid) (\n"
+                 f"  max by ({c}, {n}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"  * on ({c}, workload) group_left (namespace, model, engine)\n"
+                 f"  topk by ({c}, workload) (1, group by ({c}, namespace, workload, model, engine) "
+                 f'({servers}{{workload!=""}}))\n)'},
+        {"record": "workload:goodput_inference_gpus:count", "expr": f"count by ({keys}) ({info})"},
+        {"record": f"workload:goodput_inference_gpu_idle_ratio:rate{w}",
+         "expr": per_gpu("avg", f"gpu:goodput_gpu_idle_ratio:rate{w}")},
+        {"record": "workload:goodput_inference_gpu_power_watts:sum",
+         "expr": per_gpu("sum", f"max by ({c}, {n}, uuid) (goodput_gpu_power_watts)")},
+        {"record": "workload:goodput_inference_gpu_memory_used_ratio:max",
+         "expr": per_gpu("max", f"max by ({c}, {n}, uuid) (goodput_gpu_memory_used_bytes)\n"
+                                f"  / max by ({c}, {n}, uuid) (goodput_gpu_memory_total_bytes > 0)")},
+    ]
+
+
+def inference_groups(s: RulesSettings) -> list[Group]:
+    short = s.windows[0]
+    groups: list[Group] = [
+        {"name": "goodput.inference_server", "rules": _server(s)},
+        {"name": "goodput.inference_workload", "rules": _workload(s)},
+        # one group per histogram: each reads every bucket of every server
+        *({"name": f"goodput.inference_{signal}", "rules": _latency(s, signal)} for signal in HISTOGRAMS),
+        {"name": "goodput.inference_slo", "rules": _slo(s) + _attainment(s, short)},
+        {"name": "goodput.inference_gpu", "rules": _gpus(s)},
+    ]
+    groups += _groups(tuple(f"goodput.inference_slo.{window}" for window in burn_windows(s)[1:]),
+                      [_attainment(s, window) for window in burn_windows(s)[1:]], s.slow_groups_interval)
+    return groups
