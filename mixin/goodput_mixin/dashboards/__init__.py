@@ -13,12 +13,12 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 
 from ..rules.settings import RulesSettings
-from . import cluster, collectives, host, kernels, memory, workload
+from . import cluster, collectives, host, kernels, memory, serving, workload
 from .kit import LEVELS, Level, Names
 
 BUILDERS: dict[str, Callable[[Names], Dashboard]] = {
     "cluster": cluster.build, "collectives": collectives.build, "host": host.build, "memory": memory.build,
-    "kernels": kernels.build, "workload": workload.build,
+    "kernels": kernels.build, "workload": workload.build, "serving": serving.build,
 }
 
 

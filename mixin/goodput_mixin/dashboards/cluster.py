@@ -4,9 +4,20 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
-from .kit import LEVELS, Filters, Names, new_dashboard, row, stat_panel, table_panel, timeseries_panel
+from .kit import (
+    LEVELS,
+    Filters,
+    Names,
+    link_to_level,
+    new_dashboard,
+    row,
+    stat_panel,
+    table_panel,
+    timeseries_panel,
+)
 
 LEVEL = LEVELS[0]
+SERVING = LEVELS[6]
 HARD_LIMITS = 'reason=~"power|thermal|board_limit|reliability"'
 UNCORRECTED = 'error_type="uncorrected"'
 
@@ -17,7 +28,7 @@ def build(names: Names) -> Dashboard:
     goodput = names.rule("workload", "goodput_ratio", "rate")
     idle = {kind: names.rule("cluster", f"goodput_gpu_idle{kind}_ratio", "rate")
             for kind in ("", "_while_allocated", "_unallocated")}
-    d = new_dashboard(LEVEL, names).with_row(row("Goodput"))
+    d = new_dashboard(LEVEL, names, also_down=(SERVING,)).with_row(row("Goodput"))
     d = d.with_panel(stat_panel(
         "Goodput", "Share of accounted job time spent computing, averaged over the workloads (compute seconds "
         "over all phase seconds the jobs report). Low means time goes to data waits, communication, checkpoints "
@@ -108,6 +119,32 @@ def build(names: Names) -> Dashboard:
         "marks or notifications (ECN, CNP). Above 0 with a high comm_wait: the network holds the jobs back.",
         "none", [(f"count({names.rule('link', 'goodput_fabric_congestion_ratio', 'rate')}{f()} > "
                   f"{s.fabric_congestion_ratio:g}) or vector(0)", "")], width=6))
+    d = d.with_row(row("Serving"))
+    serving = [link_to_level(SERVING, "Serving (inference SLOs)")]
+    joint = names.rule("workload", "goodput_inference_slo_joint_attainment_ratio", "rate")
+    exact, lower = f('bound="exact"'), f('bound="lower"')
+    known = f"sum without (bound) ({joint}{exact}) or sum without (bound) ({joint}{lower})"
+    d = d.with_panel(stat_panel(
+        "Served models below their SLO target", "Served models (inference) whose share of requests known to meet "
+        "both latency objectives is below their target over the short window. Above 0: open Serving for which "
+        "objective they miss and why.",
+        "none", [(f"count(({known}) < 1 - workload:goodput_inference_slo_error_budget:ratio{f()}) or vector(0)",
+                  "")], width=6, links=serving))
+    d = d.with_panel(stat_panel(
+        "Inference SLO goodput", "Requests per second the served models finished within both latency objectives, "
+        "summed. Compare with the throughput beside it: the gap is requests served too slowly.",
+        "reqps", [(f"sum({names.rule('workload', 'goodput_inference_slo_goodput', 'rate')}{f()})", "")], width=6,
+        links=serving))
+    d = d.with_panel(stat_panel(
+        "Inference throughput", "Requests per second the served models finished, whatever the reason and "
+        "latency.",
+        "reqps", [(f"sum({names.rule('workload', 'goodput_inference_requests', 'rate')}{f()})", "")], width=6,
+        links=serving))
+    d = d.with_panel(stat_panel(
+        "Serving GPUs idle", "Share of time no kernel ran on the GPUs under the served models (their mean). High "
+        "while requests wait: the engines, not the GPUs, hold the requests back.",
+        "percentunit", [(f"avg({names.rule('workload', 'goodput_inference_gpu_idle_ratio', 'rate')}{f()})", "")],
+        width=6, links=serving))
     d = d.with_row(row("Over time"))
     d = d.with_panel(timeseries_panel(
         "Goodput by workload", "Each workload's goodput (compute share of its time) over the short window. A "

@@ -57,6 +57,10 @@ LEVELS = [
           "tensor and DRAM activity."),
     Level(6, "workload", "Goodput / 6 Workload",
           "How is one job doing? Goodput and badput by phase, step time per rank, stragglers, collective state."),
+    Level(7, "serving", "Goodput / 7 Serving (inference SLOs)",
+          "Are the served models meeting their latency objectives? SLO attainment and SLO goodput, error budget "
+          "burn, time to first token and per output token against the objectives, queue, KV cache, preemptions, "
+          "tokens, and the GPUs under each model (links down to their memory, kernels and cluster)."),
 ]
 
 
@@ -144,6 +148,19 @@ class DataLink:
         return {"title": self.title, "url": self.url}
 
 
+def link_to_node(level: Level, title: str, node: str) -> DataLink:
+    """From a table row (or series) naming a node to `level` for that node, keeping the time range, data source and
+    cluster. `node` is how Grafana finds the node in the clicked item: `${__data.fields.instance}` in a table,
+    `${__field.labels.instance}` on a series."""
+    return DataLink(title, f"/d/{level.uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{cluster:queryparam}}"
+                           f"&var-node={node}")
+
+
+def link_to_level(level: Level, title: str) -> DataLink:
+    """To `level` with the time range, data source and cluster (its other variables at their defaults)."""
+    return DataLink(title, f"/d/{level.uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{cluster:queryparam}}")
+
+
 def link_to_workload_fabric() -> DataLink:
     """From a series with a `workload` label to Collectives and network for that workload alone, on all of its
     nodes: its fabric row then shows the ports and interfaces of that job's nodes."""
@@ -167,11 +184,13 @@ def timeseries_panel(title: str, description: str, unit: str, targets: list[Targ
 
 
 def stat_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 4,
-               height: int = 4, no_value: str | None = None) -> stat.Panel:
+               height: int = 4, no_value: str | None = None, links: list[DataLink] | None = None) -> stat.Panel:
     panel = (stat.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
              .targets(_targets(targets)).span(width).height(height))
     if no_value is not None:
         panel = panel.no_value(no_value)
+    if links:
+        panel = panel.data_links(links)  # type: ignore[arg-type]  # Grafana's data-link shape, not a dashboard link
     return panel
 
 
@@ -182,6 +201,28 @@ def table_panel(title: str, description: str, unit: str, targets: list[Target], 
             .targets(_targets(targets, instant=True, table_format=True)).span(width).height(height)
             .with_transformation(model.DataTransformerConfig(id_val="organize", options={
                 "excludeByName": {"Time": True}, "renameByName": {"Value": title}})))
+
+
+Column = tuple[str, str, str]  # (expr, column name, unit)
+
+
+def joined_table_panel(title: str, description: str, unit: str, columns: list[Column], width: int = 24,
+                       height: int = 8, links: list[DataLink] | None = None) -> table.Panel:
+    """Instant queries with the same labels merged into one table, a row per label set and a column per query
+    (named and given a unit each; `unit` is the panel's default)."""
+    panel = (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .targets(_targets([(expr, "") for expr, _, _ in columns], instant=True, table_format=True))
+             .span(width).height(height)
+             .with_transformation(model.DataTransformerConfig(id_val="merge", options={}))
+             .with_transformation(model.DataTransformerConfig(id_val="organize", options={
+                 "excludeByName": {"Time": True},
+                 "renameByName": {f"Value #{chr(ord('A') + i)}": name for i, (_, name, _) in enumerate(columns)}})))
+    for _, name, column_unit in columns:
+        if column_unit != unit:
+            panel = panel.override_by_name(name, [model.DynamicConfigValue(id_val="unit", value=column_unit)])
+    if links:
+        panel = panel.data_links(links)  # type: ignore[arg-type]  # Grafana's data-link shape, not a dashboard link
+    return panel
 
 
 def link_down(level: Level) -> gdash.DashboardLink:
@@ -196,18 +237,19 @@ def link_all() -> gdash.DashboardLink:
             .as_dropdown(True).include_vars(True).keep_time(True))
 
 
-def new_dashboard(level: Level, names: Names, node: bool = False, workload: bool = False) -> gdash.Dashboard:
+def new_dashboard(level: Level, names: Names, node: bool = False, workload: bool = False,
+                  own_variables: list[gdash.QueryVariable] | None = None,
+                  also_down: tuple[Level, ...] = ()) -> gdash.Dashboard:
+    """`own_variables` replace the usual ones (cluster, node, workload); `also_down` links to levels past the next."""
     builder = (gdash.Dashboard(level.title).uid(level.uid).description(level.answers)
                .tags([*TAGS, level.slug]).editable().time("now-1h", "now").refresh("30s")
                .tooltip(model.DashboardCursorSync.CROSSHAIR).timezone("browser")
                .with_variable(datasource_variable()))
-    for variable in variables(names, node, workload):
+    for variable in variables(names, node, workload) if own_variables is None else own_variables:
         builder = builder.with_variable(variable)
-    links = [link_all()]
     following = [lv for lv in LEVELS if lv.number == level.number + 1]
-    if following:
-        links.insert(0, link_down(following[0]))
-    return builder.links(links)
+    links = [link_down(lv) for lv in (*following[:1], *also_down)]
+    return builder.links([*links, link_all()])
 
 
 def row(title: str) -> gdash.Row:
