@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from goodput_mixin.demo.stack import WORKLOAD, Ports, Stack
+from goodput_mixin.rules.settings import seconds
 
 
 class Webhook:
@@ -21,6 +22,7 @@ class Webhook:
 
     def __init__(self) -> None:
         self.received: list[tuple[str, dict[str, str]]] = []
+        self.arrived: list[float] = []  # time.monotonic() of each item of `received`
         self.changed = threading.Condition()
         webhook = self
 
@@ -29,6 +31,7 @@ class Webhook:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 with webhook.changed:
                     webhook.received += [(a["status"], a["labels"]) for a in body["alerts"]]
+                    webhook.arrived += [time.monotonic()] * len(body["alerts"])
                     webhook.changed.notify_all()
                 self.send_response(200)
                 self.end_headers()
@@ -53,6 +56,13 @@ class Webhook:
                     seen = sorted({(s, a["alertname"], a.get("rank", "")) for s, a in self.received})
                     raise AssertionError(f"no {status} {wanted} within {timeout:g}s; received {seen}")
                 self.changed.wait(left)
+
+    def arrival(self, status: str, alertname: str, **labels: str) -> float:
+        """When the first notification matching arrived (after wait() found it)."""
+        wanted = {"alertname": alertname, **labels}
+        with self.changed:
+            return next(t for (got, alert), t in zip(self.received, self.arrived, strict=True)
+                        if got == status and wanted.items() <= alert.items())
 
     def close(self) -> None:
         self.server.shutdown()
@@ -186,3 +196,100 @@ def test_fabric_faults_page_and_resolve_and_a_healthy_fabric_stays_silent(
                 "GoodputFabricErrors": {"mlx5_2"}, "GoodputFabricCongestion": {"mlx5_3"}}
     for name, devices in expected.items():
         assert {a.get("device") for _, a in webhook.received if a["alertname"] == name} == devices, name
+
+
+SERVED = "burn-test"  # the client path's workload and model in the burn-rate test
+REQUESTS_PER_SECOND = 20.0
+
+
+class _Requests:
+    """A server reporting through the real client: REQUESTS_PER_SECOND requests, every `1/miss` th one missing its
+    time-to-first-token objective (evenly spaced, so that every window holds the same share)."""
+
+    def __init__(self, socket_path: str) -> None:
+        from goodput_client import Telemetry
+
+        self.telemetry = Telemetry(SERVED, 0, socket_path=socket_path, flush_interval=0.2)
+        self.miss = 0.005
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        sent = missed = 0
+        while not self._stop.wait(1 / REQUESTS_PER_SECOND):
+            sent += 1
+            late = missed < self.miss * sent  # the running share of misses follows `miss`
+            missed += late
+            self.telemetry.record_request(SERVED, ttft_seconds=2.0 if late else 0.2, tpot_seconds=0.02,
+                                          e2e_seconds=3.0, output_tokens=100, ttft_objective_seconds=1.0,
+                                          tpot_objective_seconds=0.1)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self.telemetry.close()
+
+
+def _slo_alerts_seen(live: Stack, seconds: float) -> list[dict[str, str]]:
+    query = f'ALERTS{{alertname=~"GoodputInferenceSLOBurn.*", workload="{SERVED}"}}[{int(seconds)}s]'
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    return [series["metric"] for series in response.json()["data"]["result"]]
+
+
+def detection_seconds(window: float, threshold: float, steady: float, before: float, after: float) -> float:
+    """Seconds after the error ratio steps from `before` to `after` until its average over `window` passes
+    `threshold`, when only `steady` seconds of data precede the step: the SRE workbook's detection time
+    (threshold x window / after, for before = 0 and a full window) for a window still filling."""
+    t = 0.0
+    while t < 10 * window:
+        held = min(window, steady + t)  # the data the window holds
+        if (after * min(t, held) + before * max(0.0, held - t)) / held > threshold:
+            return t
+        t += 0.01
+    raise AssertionError("never")
+
+
+def test_slo_burn_rate_alerts_fire_within_the_workbook_detection_times(stack: tuple[Stack, Webhook]) -> None:
+    """The SRE workbook's multi-window alerts, on the demo's windows (fast: 20s and 2m at 14.4x, slow: 1m and 6m at
+    6x; target 99%): a steady 0.5% error ratio (half the budget) never fires; at 50% errors each fires once both its
+    windows' error ratios pass burn rate x budget, which the workbook puts at burn rate x window x budget / error
+    ratio after the errors start (14.4 x 120 s x 0.01 / 0.5 = 34.6 s for a full 2m window; here the long windows
+    hold only the steady run before the step, see detection_seconds), plus the rules' pipeline (scrape, the 5 s
+    slow groups, Alertmanager); back at 0.5% the fast alert resolves once its short window is clean, long before
+    its long window is."""
+    live, webhook = stack
+    settings = live.settings
+    requests = _Requests(str(live.workdir / "ingest.sock"))
+    try:
+        steady = 50.0
+        time.sleep(steady)
+        assert _slo_alerts_seen(live, steady) == []
+        requests.miss = 0.5
+        started = time.monotonic()
+        budget, error = 1 - settings.inference_slo.target, 0.5
+        expected = {}
+        for name, windows, rate in (("GoodputInferenceSLOBurnFast", settings.inference_slo_fast_windows,
+                                     settings.inference_slo_fast_burn_rate),
+                                    ("GoodputInferenceSLOBurnSlow", settings.inference_slo_slow_windows,
+                                     settings.inference_slo_slow_burn_rate)):
+            expected[name] = max(detection_seconds(seconds(w), rate * budget, steady, 0.005, error) for w in windows)
+        pipeline = 15.0  # scrape, the slow groups' interval twice, the alert group, Alertmanager's group_wait
+        fired = {}
+        for name in expected:
+            alert = webhook.wait("firing", name, timeout=expected[name] + pipeline + 30, workload=SERVED)
+            fired[name] = webhook.arrival("firing", name, workload=SERVED) - started
+            assert alert["model"] == SERVED and alert["engine"] == "goodput"
+        for name, at in fired.items():
+            # not before both windows could pass their threshold (less the 2 s the first recorded rates take, which
+            # shorten the steady data), nor later than that plus the pipeline
+            assert expected[name] - 2 <= at <= expected[name] + pipeline, (name, at, expected[name])
+        assert webhook.wait("firing", "GoodputInferenceSLOBurnFast", workload=SERVED)["severity"] == "critical"
+        assert webhook.wait("firing", "GoodputInferenceSLOBurnSlow", workload=SERVED)["severity"] == "warning"
+        requests.miss = 0.005
+        cleared = time.monotonic()
+        webhook.wait("resolved", "GoodputInferenceSLOBurnFast", timeout=60, workload=SERVED)
+        assert time.monotonic() - cleared < seconds(settings.inference_slo_fast_windows[1]) / 2
+    finally:
+        requests.close()

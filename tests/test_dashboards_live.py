@@ -22,6 +22,7 @@ from goodput_client import Telemetry
 from goodput_mixin.dashboards import build
 from goodput_mixin.dashboards.kit import LEVELS
 from goodput_mixin.dashboards.lint import query_values, substitute, targets, variable_selectors
+from goodput_mixin.demo.simserve import MODEL
 from goodput_mixin.demo.stack import CLUSTER, DEMO_SETTINGS, WORKLOAD, Ports, Stack
 
 # Panels allowed to stay empty in the demo, each with the reason; the test fails if one of them shows data
@@ -50,8 +51,9 @@ def test_demo_render_has_the_same_panels() -> None:
             [(p["type"], len(p.get("targets", []))) for p in demo["panels"]]
 
         def generic(expr: str) -> str:  # rate5m / rate20s -> rateSHORT, rate1h / rate2m -> rateLONG, ...
-            window = {"5m": "SHORT", "20s": "SHORT", "1h": "LONG", "2m": "LONG"}
-            return re.sub(r"(rate|mean|avg|_vs_)(5m|20s|1h|2m)(?![0-9a-z])",
+            window = {"5m": "SHORT", "20s": "SHORT", "1h": "LONG", "2m": "LONG",
+                      "30m": "SLOW_SHORT", "1m": "SLOW_SHORT", "6h": "SLOW_LONG", "6m": "SLOW_LONG"}  # burn windows
+            return re.sub(r"(rate|mean|avg|_vs_)(5m|20s|1h|2m|30m|1m|6h|6m)(?![0-9a-z])",
                           lambda m: m.group(1) + window[m.group(2)], expr)
 
         def thresholds(expr: str) -> str:
@@ -63,11 +65,11 @@ def test_demo_render_has_the_same_panels() -> None:
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float, float]]:
-    """The demo stack with 6 GPUs (4 held by the job's ranks, 2 free) through a scripted run of faults: a
-    straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a row remap waiting for a reset, a PCIe
-    link trained below its maximum, NVLink errors, a lost GPU, a restart, and a rank that skips a collective long
-    enough to count as a hang. Yields the stack and the run's start and end."""
-    live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=6, ranks=4).start()
+    """The demo stack with 8 GPUs (4 held by the job's ranks, 2 by the serving engine, 2 free) through a scripted
+    run of faults: a straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a row remap waiting for
+    a reset, a PCIe link trained below its maximum, NVLink errors, a lost GPU, a restart, and a rank that skips a
+    collective long enough to count as a hang. Yields the stack and the run's start and end."""
+    live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=8, ranks=4).start()
     try:
         assert live.job is not None
         start = time.time()
@@ -132,5 +134,7 @@ def test_variables_offer_the_demo_values(ran: tuple[Stack, float, float]) -> Non
             response = httpx.get(f"{live.urls['prometheus']}/api/v1/label/{label}/values",
                                  params={"match[]": substitute(selector, values), "start": start, "end": end})
             offered.setdefault(variable["name"], set()).update(response.json()["data"])
-    assert offered == {"cluster": {CLUSTER}, "node": {f"127.0.0.1:{live.ports.exporter}"}, "workload": {WORKLOAD}}
+    # the serving level's: the demo's engine runs outside Kubernetes (no namespace)
+    assert offered == {"cluster": {CLUSTER}, "node": {f"127.0.0.1:{live.ports.exporter}"}, "workload": {WORKLOAD},
+                       "namespace": set(), "model": {MODEL}, "engine": {"vllm"}}
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from exporter.core.settings import parse_listen_address
 
-from .stack import WORKLOAD, Ports, Stack, StackError
+from .stack import SERVING, WORKLOAD, Ports, Stack, StackError
 
 FAULTS = ("straggler", "stall", "skip", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors", "link_down",
-          "link_flap", "symbol_errors", "congestion", "link_degraded")
+          "link_flap", "symbol_errors", "congestion", "link_degraded", "overload")
+OVERLOAD = 8.0  # times the serving engine's normal arrival rate
 # the GPU each GPU fault hits (ranks hold GPUs 0 to ranks-1; a fault on a held GPU shows on the job's dashboards)
 FAULT_GPU = {"xid": 0, "row_remap_pending": 1, "pcie_degraded": 2, "nvlink_errors": 3}
 # the NIC each fabric fault hits (NIC i shares a PCIe switch with GPU i)
@@ -38,6 +39,10 @@ def _inject(stack: Stack, fault: str) -> str:
     if fault == "skip":
         job.set_skipping(1)
         return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+    if fault == "overload":
+        stack.overload(OVERLOAD)
+        return (f"requests reach the serving engine {SERVING!r} {OVERLOAD:g}x as fast: its queue grows, time to first "
+                "token breaks its objective (GoodputInferenceSLOBurnFast)")
     if fault in FAULT_NIC:
         nic = FAULT_NIC[fault] % len(stack.fabric.nics)
         stack.fabric.inject(fault, nic)
@@ -67,6 +72,8 @@ def _clear(stack: Stack, fault: str) -> str | None:
         job.set_data_stall(False)
     elif fault == "skip":
         job.set_skipping(None)
+    elif fault == "overload":
+        stack.overload(1.0)
     elif fault in FAULT_NIC:
         stack.fabric.restore(FAULT_NIC[fault] % len(stack.fabric.nics))
         if fault == "congestion":
@@ -85,8 +92,8 @@ def _clear(stack: Stack, fault: str) -> str | None:
 
 def _describe(alert: dict) -> str:  # type: ignore[type-arg]
     labels = alert["labels"]
-    where = " ".join(f"{k}={labels[k]}" for k in ("workload", "rank", "pg", "gpu", "xid", "reason", "degraded", "link",
-                                                    "error_type", "source") if k in labels)
+    where = " ".join(f"{k}={labels[k]}" for k in ("workload", "model", "rank", "pg", "gpu", "xid", "reason", "degraded",
+                                                    "link", "error_type", "source") if k in labels)
     return f"{labels['alertname']} [{labels.get('severity', '?')}] {where}".rstrip()
 
 
@@ -135,7 +142,7 @@ def main(argv: Sequence[str]) -> int:
         parser.error("the demo stays on 127.0.0.1")
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
-    ports = Ports(port, args.prometheus_port, args.alertmanager_port)
+    ports = Ports(port, args.prometheus_port, args.alertmanager_port)  # the serving engine: any free port
     stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks)
     try:
         stack.start()
@@ -143,8 +150,10 @@ def main(argv: Sequence[str]) -> int:
         print(f"goodput-exporter demo: {exc}", file=sys.stderr)
         return 1
     urls = stack.urls
-    print(f"""goodput-exporter demo: {args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks
+    print(f"""goodput-exporter demo: {args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
+simulated serving engine {SERVING!r} (vLLM's metrics) on the next GPUs
   metrics        {urls['exporter']}/metrics
+  serving        {urls['serving']}/metrics
   prometheus     {urls['prometheus']}/alerts   (rules: {workdir}/rules, fast demo settings)
   alertmanager   {urls['alertmanager']}/#/alerts
   your own job   GOODPUT_INGEST_SOCKET_PATH={workdir}/ingest.sock ; flight dumps: {workdir}/flight/<workload>/

@@ -1,5 +1,6 @@
-"""The live stack on 127.0.0.1: the daemon on simulated GPUs, a simulated training job, Prometheus
-with the rules and Alertmanager (Debian's `prometheus` and `prometheus-alertmanager`).
+"""The live stack on 127.0.0.1: the daemon on simulated GPUs, a simulated training job, a simulated serving engine
+(vLLM's metrics, its own process, holding the GPUs the job leaves), Prometheus with the rules and Alertmanager
+(Debian's `prometheus` and `prometheus-alertmanager`).
 
 Rules are rendered with DEMO_SETTINGS: the same rules with short windows and `for:` durations, so a
 fault shows as an alert within a minute. The daemon runs in this process so that faults can be
@@ -13,6 +14,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,8 +41,13 @@ DEMO_SETTINGS = RulesSettings(
     dump_stale_seconds=60, rank_missing_for="5s", throttle_for="30s", memory_exhaustion_for="30s",
     exporter_down_for="20s", source_failing_for="20s", pcie_degraded_for="10s", nvlink_errors_for="10s",
     fabric_link_down_for="10s", fabric_link_down_allocated_window="2m", fabric_flap_window="30s",
-    fabric_errors_for="10s", fabric_congestion_for="10s")
+    fabric_errors_for="10s", fabric_congestion_for="10s", inference_slo_fast_windows=["20s", "2m"],
+    inference_slo_slow_windows=["1m", "6m"], inference_kv_cache_saturated_for="20s",
+    inference_idle_while_queued_for="20s")
 WORKLOAD = "demo-job"
+SERVING = "demo-serve"  # the serving engine's workload: its process's TORCHELASTIC_RUN_ID, and its scrape's label
+SERVING_JOB = "vllm"
+SERVING_GPUS = 2  # the serving engine holds the first two GPUs the job leaves; any others stay unallocated
 CLUSTER = "demo"
 
 
@@ -68,10 +75,11 @@ class Ports:
     exporter: int
     prometheus: int
     alertmanager: int
+    serving: int = 0  # 0: any free port
 
     @classmethod
     def free(cls) -> Ports:
-        return cls(free_port(), free_port(), free_port())
+        return cls(free_port(), free_port(), free_port(), free_port())
 
 
 class Stack:
@@ -90,12 +98,16 @@ class Stack:
         self.daemon: Daemon | None = None
         self._server: ServerThread | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
+        self._serving: subprocess.Popen[bytes] | None = None
+        if not self.ports.serving:
+            self.ports.serving = free_port()
 
     @property
     def urls(self) -> dict[str, str]:
         return {"exporter": f"http://127.0.0.1:{self.ports.exporter}",
                 "prometheus": f"http://127.0.0.1:{self.ports.prometheus}",
-                "alertmanager": f"http://127.0.0.1:{self.ports.alertmanager}"}
+                "alertmanager": f"http://127.0.0.1:{self.ports.alertmanager}",
+                "serving": f"http://127.0.0.1:{self.ports.serving}"}
 
     # --- start and stop ----------------------------------------------------------------------------
 
@@ -103,6 +115,7 @@ class Stack:
         try:
             (self.workdir / "flight").mkdir(parents=True, exist_ok=True)
             self._start_daemon()
+            self._start_serving()
             self._start_alertmanager()
             self._start_prometheus()
             self.job = SimulatedJob(WORKLOAD, self.ranks, str(self.workdir / "ingest.sock"),
@@ -146,6 +159,21 @@ class Stack:
         self._server.start()
         self._wait_ready("exporter", f"{self.urls['exporter']}/readyz")
 
+    def _start_serving(self) -> None:
+        """The simulated engine, in a process of its own whose launcher variable names its workload, holding up to
+        SERVING_GPUS of the GPUs the job's ranks leave (the process source attributes them to it)."""
+        env = {**os.environ, "TORCHELASTIC_RUN_ID": SERVING}
+        self._spawn("serving", [sys.executable, "-m", "goodput_mixin.demo.simserve",
+                                "--port", str(self.ports.serving)], env=env)
+        self._serving = self._procs[-1]
+        self._wait_ready("serving", f"{self.urls['serving']}/metrics")
+        for gpu in range(self.ranks, min(self.ranks + SERVING_GPUS, self.gpus.count)):
+            self.gpus.attach_process(gpu, self._serving.pid)
+
+    def overload(self, factor: float) -> None:
+        """Scale the serving engine's arrival rate (1: its normal load)."""
+        httpx.post(f"{self.urls['serving']}/load", params={"factor": factor}, timeout=5).raise_for_status()
+
     def _start_alertmanager(self) -> None:
         receiver: dict[str, object] = {"name": "default"}
         if self.webhook_url:
@@ -174,8 +202,16 @@ class Stack:
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
             # the cluster label that rules and dashboards group by; a real setup sets it by relabeling
-            "scrape_configs": [{"job_name": self.settings.exporter_job, "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports.exporter}"], "labels": {self.settings.cluster_label: CLUSTER}}]}],
+            "scrape_configs": [
+                {"job_name": self.settings.exporter_job, "static_configs": [
+                    {"targets": [f"127.0.0.1:{self.ports.exporter}"],
+                     "labels": {self.settings.cluster_label: CLUSTER}}]},
+                # the serving engine, as a bare-metal scrape names it: its workload (the name the process source
+                # gives the GPUs it holds) as a target label, for the rules' join to its GPUs
+                {"job_name": SERVING_JOB, "static_configs": [
+                    {"targets": [f"127.0.0.1:{self.ports.serving}"],
+                     "labels": {self.settings.cluster_label: CLUSTER, "workload": SERVING}}]},
+            ],
         }
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -184,9 +220,10 @@ class Stack:
             f"--web.listen-address=127.0.0.1:{self.ports.prometheus}"])
         self._wait_ready("prometheus", f"{self.urls['prometheus']}/-/ready")
 
-    def _spawn(self, name: str, argv: list[str]) -> None:
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         logfile = (self.workdir / f"{name}.log").open("wb")
-        self._procs.append(subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, cwd=self.workdir))
+        self._procs.append(subprocess.Popen(argv, stdout=logfile, stderr=subprocess.STDOUT, cwd=self.workdir,
+                                            env=env))
 
     def _wait_ready(self, name: str, url: str, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -1,0 +1,255 @@
+"""A simulated serving engine for the demo: serves vLLM's metrics (its current names, labels and buckets, from
+`rules/engines.py`) on /metrics, with latencies that follow a load model, and takes the `overload` fault.
+
+The model, stepped every TICK seconds: requests arrive as a Poisson process; the scheduler admits waiting requests
+while fewer than MAX_RUNNING run and their KV cache (prompt plus generated tokens) fits; a running request's first
+token comes after its prefill, and each later token after one decode step, which takes longer the more requests
+share the batch. When the KV cache overflows, the request admitted last is preempted (its tokens recomputed later),
+as vLLM's recompute preemption does. Under overload, arrivals outrun the batch: the queue grows, time to first
+token grows with it, the KV cache fills and preemptions start.
+
+Run as its own process (`python -m goodput_mixin.demo.simserve --port N`) so that the GPUs it holds are
+attributed to it; `POST /load?factor=F` scales the arrival rate (the demo's `overload` fault is 8x).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs, urlparse
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from ..rules.engines import ENGINES
+
+TICK = 0.05
+ARRIVALS_PER_SECOND = 6.0
+MAX_RUNNING = 48
+KV_CAPACITY_TOKENS = 32_000
+PREFILL_TOKENS_PER_SECOND = 20_000.0
+STEP_SECONDS = 0.012  # a decode step alone; each running request adds STEP_PER_REQUEST
+STEP_PER_REQUEST = 0.0004
+OVERLOAD = 8.0
+MODEL = "demo/llama-3-8b"
+
+
+@dataclass
+class _Request:
+    arrived: float
+    prompt: int
+    output: int
+    admitted: float = 0.0
+    first_token: float | None = None
+    generated: float = 0.0  # fractional: a step spans ticks
+    last_token: float = 0.0
+
+
+_ATTRIBUTES = {"requests_running": "running", "requests_waiting": "waiting", "kv_cache_usage": "kv",
+               "preemptions": "preemptions", "prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
+               "time_to_first_token": "ttft", "time_per_output_token": "tpot", "inter_token_latency": "itl",
+               "e2e_request_latency": "e2e", "queue_time": "queue"}
+
+
+class _Metrics:
+    """vLLM's series, by their current names (ENGINES['vllm']), labelled as vLLM's V1 engine labels them."""
+
+    def __init__(self, model: str) -> None:
+        engine = ENGINES["vllm"]
+        self.registry = CollectorRegistry()
+        self._labels: dict[str, dict[str, str]] = {}
+
+        def native(signal: str):  # type: ignore[no-untyped-def]
+            item = engine.signals[signal][0]
+            labels = {name: (model if name == engine.model_label else "0") for name in item.labels
+                      if name != engine.reason_label}
+            self._labels[signal] = labels
+            return item, list(labels)
+
+        def gauge(signal: str) -> Gauge:
+            item, labels = native(signal)
+            return Gauge(item.name, f"vLLM's {signal} (simulated).", labels, registry=self.registry)
+
+        def counter(signal: str, extra: tuple[str, ...] = ()) -> Counter:
+            item, labels = native(signal)
+            return Counter(item.name.removesuffix("_total"), f"vLLM's {signal} (simulated).", labels + list(extra),
+                           registry=self.registry)
+
+        def histogram(signal: str) -> Histogram:
+            item, labels = native(signal)
+            return Histogram(item.name, f"vLLM's {signal} (simulated).", labels, buckets=item.buckets,
+                             registry=self.registry)
+
+        self.running = gauge("requests_running")
+        self.waiting = gauge("requests_waiting")
+        self.kv = gauge("kv_cache_usage")
+        self.preemptions = counter("preemptions")
+        self.prompt_tokens = counter("prompt_tokens")
+        self.generation_tokens = counter("generation_tokens")
+        self._reason = engine.reason_label or "finished_reason"
+        self.finished = counter("requests_finished", (self._reason,))
+        self.ttft = histogram("time_to_first_token")
+        self.tpot = histogram("time_per_output_token")
+        self.itl = histogram("inter_token_latency")
+        self.e2e = histogram("e2e_request_latency")
+        self.queue = histogram("queue_time")
+        # every series from the start, at 0, as vLLM creates its labelled children when the engine starts
+        for signal in self._labels:
+            if signal != "requests_finished":
+                self.of(getattr(self, _ATTRIBUTES[signal]), signal)
+        for reason in ("stop", "length", "abort"):
+            self.finished_as(reason)
+
+    def of(self, metric, signal: str):  # type: ignore[no-untyped-def]
+        return metric.labels(**self._labels[signal])
+
+    def finished_as(self, reason: str):  # type: ignore[no-untyped-def]
+        return self.finished.labels(**self._labels["requests_finished"], **{self._reason: reason})
+
+
+class SimulatedServer:
+    def __init__(self, model: str = MODEL, seed: int = 7) -> None:
+        self.metrics = _Metrics(model)
+        self.load = 1.0
+        self._rng = random.Random(seed)
+        self._waiting: deque[_Request] = deque()
+        self._running: list[_Request] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="simserve", daemon=True)
+
+    def start(self) -> SimulatedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        now = time.monotonic()
+        while not self._stop.wait(TICK):
+            later = time.monotonic()
+            with self._lock:
+                self.step(now, later)
+            now = later
+
+    def _arrivals(self, now: float, dt: float) -> None:
+        # Poisson arrivals in the tick (Knuth's method: few per tick)
+        limit, count, p = math.exp(-ARRIVALS_PER_SECOND * self.load * dt), 0, self._rng.random()
+        while p > limit:
+            count += 1
+            p *= self._rng.random()
+        for _ in range(count):
+            self._waiting.append(_Request(now, self._rng.randint(256, 1024), self._rng.randint(64, 256)))
+
+    def step(self, before: float, now: float) -> None:
+        m = self.metrics
+        dt = now - before
+        self._arrivals(now, dt)
+        kv = sum(r.prompt + int(r.generated) for r in self._running)
+        while self._waiting and len(self._running) < MAX_RUNNING and kv + self._waiting[0].prompt <= KV_CAPACITY_TOKENS:
+            request = self._waiting.popleft()
+            if request.admitted == 0.0:
+                m.of(m.queue, "queue_time").observe(now - request.arrived)
+            request.admitted = now
+            kv += request.prompt
+            self._running.append(request)
+        step = STEP_SECONDS + STEP_PER_REQUEST * len(self._running)
+        done: list[_Request] = []
+        for request in self._running:
+            if request.first_token is None:
+                if now - request.admitted < request.prompt / PREFILL_TOKENS_PER_SECOND:
+                    continue
+                request.first_token = request.last_token = now
+                request.generated = 1.0
+                m.of(m.ttft, "time_to_first_token").observe(now - request.arrived)
+                continue
+            before_tokens = int(request.generated)
+            request.generated += dt / step
+            for _ in range(int(request.generated) - before_tokens):
+                m.of(m.itl, "inter_token_latency").observe(step)
+            if int(request.generated) >= request.output:
+                done.append(request)
+        for request in done:
+            self._running.remove(request)
+            assert request.first_token is not None
+            m.of(m.e2e, "e2e_request_latency").observe(now - request.arrived)
+            m.of(m.tpot, "time_per_output_token").observe((now - request.first_token) / max(1, request.output - 1))
+            m.of(m.prompt_tokens, "prompt_tokens").inc(request.prompt)
+            m.of(m.generation_tokens, "generation_tokens").inc(request.output)
+            m.finished_as("length").inc()  # it generated its max_tokens
+        # the KV cache overflows as running requests grow: preempt the last admitted, to recompute later
+        while self._running and sum(r.prompt + int(r.generated) for r in self._running) > KV_CAPACITY_TOKENS:
+            victim = self._running.pop()
+            victim.first_token, victim.generated = None, 0.0
+            self._waiting.appendleft(victim)
+            m.of(m.preemptions, "preemptions").inc()
+        used = sum(r.prompt + int(r.generated) for r in self._running)
+        m.of(m.running, "requests_running").set(len(self._running))
+        m.of(m.waiting, "requests_waiting").set(len(self._waiting))
+        m.of(m.kv, "kv_cache_usage").set(used / KV_CAPACITY_TOKENS)
+
+    def exposition(self) -> bytes:
+        with self._lock:
+            return generate_latest(self.metrics.registry)
+
+
+def serve(server: SimulatedServer, host: str, port: int) -> ThreadingHTTPServer:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            if urlparse(self.path).path != "/metrics":
+                self.send_error(404)
+                return
+            body = server.exposition()
+            self.send_response(200)
+            self.send_header("Content-Type", CONTENT_TYPE_LATEST)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            url = urlparse(self.path)
+            try:
+                factor = float(parse_qs(url.query)["factor"][0])
+                if url.path != "/load" or not 0 < factor <= 100:
+                    raise ValueError
+            except (KeyError, ValueError):
+                self.send_error(400, "POST /load?factor=F, 0 < F <= 100")
+                return
+            server.load = factor
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer((host, port), Handler)
+    threading.Thread(target=httpd.serve_forever, name="simserve-http", daemon=True).start()
+    return httpd
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--model", default=MODEL)
+    args = parser.parse_args()
+    server = SimulatedServer(args.model).start()
+    httpd = serve(server, args.host, args.port)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.shutdown()
+        server.stop()
+
+
+if __name__ == "__main__":
+    main()
