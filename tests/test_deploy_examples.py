@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -183,6 +184,69 @@ def test_live_prometheus_labels_the_exporter_by_node_and_keeps_its_pod_labels(tm
     # every rule group of the shipped files is loaded
     shipped = [g["name"] for path in RULES for g in yaml.safe_load(path.read_text())["groups"]]
     assert sorted(g["name"] for g in rules) == sorted(shipped)
+
+
+SERVING = EXAMPLES / "serving-engines.yml"
+
+
+def test_serving_engines_job_joins_a_served_model_to_the_gpus_of_its_pod(tmp_path: Path) -> None:
+    """serving-engines.yml merged into prometheus.yml, on a live Prometheus: the exporter's pod and a vLLM-format
+    engine (the demo's simulated one) in pod serve/vllm-0, to which the kubelet assigned GPU 1. The engine's
+    annotated port is scraped once, labelled with its pod and namespace, and the rules find the model's GPU."""
+    unused_port, prometheus_port, engine_port = free_port(), free_port(), free_port()
+    config_path = layout(tmp_path)
+    gpus = SimulatedGpus(2)
+    engine = yaml.safe_load(SERVING.read_text())["scrape_configs"][0]
+    assert engine["kubernetes_sd_configs"] == [{"role": "pod"}]
+    with KubeletServer() as kubelet, live_server(quick_config(
+            kubelet={"enabled": True, "socket_path": kubelet.path, "interval": "100ms"}), backend=gpus) as live, \
+            process([sys.executable, "-m", "goodput_mixin.demo.simserve", "--port", str(engine_port)],
+                    tmp_path / "engine.log"):
+        kubelet.set_pods([gpu_pod("vllm-0", "serve", "1", container="vllm")])
+        port = int(live.url.rsplit(":", 1)[1])
+        config = with_file_discovery(config_path, pod_targets(
+            "goodput-exporter-x7k2p", NAMESPACE, "gpu-node-7", APP, {"metrics": port}))
+        # what discovery makes of the engine's pod: a target per container port (the API port and another), at the
+        # pod's IP, with its annotations and labels
+        served = pod_targets("vllm-0", "serve", "gpu-node-7", "vllm", {"http": 1, "grpc": 2})
+        for target in served:
+            target["labels"].update({
+                "__meta_kubernetes_pod_annotation_goodput_exporter_io_serving_engine": "vllm",
+                "__meta_kubernetes_pod_annotation_goodput_exporter_io_metrics_port": str(engine_port),
+                "__meta_kubernetes_pod_label_app_kubernetes_io_instance": "llama"})
+        (tmp_path / "engines.json").write_text(json.dumps(served))
+        del engine["kubernetes_sd_configs"]
+        engine["file_sd_configs"] = [{"files": [str(tmp_path / "engines.json")]}]
+        config["scrape_configs"].append(engine)
+        for job in config["scrape_configs"]:
+            job.update(scrape_interval="1s", scrape_timeout="1s")
+        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+        config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{unused_port}"]}]
+        config_path.write_text(yaml.safe_dump(config))
+        with process([binary("prometheus"), f"--config.file={config_path}",
+                      f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"],
+                     tmp_path / "prometheus.log") as proc, httpx.Client(
+                         base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5) as client:
+
+            def query(expr: str) -> list[dict[str, Any]]:
+                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
+                try:
+                    response = client.get("/api/v1/query", params={"query": expr})
+                except httpx.TransportError:
+                    return []
+                return response.json()["data"]["result"] if response.status_code == 200 else []
+
+            (info,) = wait_for(lambda: query("workload:goodput_inference_gpu:info"), timeout=60)
+            up = query('up{job="serving-engines"}')
+            running = query("server:goodput_inference_requests_running:sum")
+    assert [(r["metric"]["namespace"], r["metric"]["pod"], r["value"][1]) for r in up] == [("serve", "vllm-0", "1")]
+    (server,) = running
+    assert {k: server["metric"][k] for k in ("namespace", "pod", "model", "engine", "cluster")} == {
+        "namespace": "serve", "pod": "vllm-0", "model": "demo/llama-3-8b", "engine": "vllm", "cluster": "my-cluster"}
+    labels = info["metric"]
+    assert {k: labels.get(k) for k in ("namespace", "model", "engine", "instance", "uuid")} == {
+        "namespace": "serve", "model": "demo/llama-3-8b", "engine": "vllm", "instance": "gpu-node-7",
+        "uuid": gpus.uuid(1)}
 
 
 # --- Alertmanager -------------------------------------------------------------------------------------------
