@@ -144,7 +144,8 @@ def test_the_cli_validator_accepts_the_default_render(chart: helm.Chart, tmp_pat
 def test_default_objects(chart: helm.Chart) -> None:
     objects = render(chart, {})
     kinds = sorted(o["kind"] for o in objects)
-    assert kinds == ["ConfigMap"] * 6 + ["DaemonSet", "Service", "ServiceAccount"]
+    dashboards = len(list((ROOT / "dashboards").glob("*.json")))  # one ConfigMap each
+    assert kinds == ["ConfigMap"] * dashboards + ["DaemonSet", "Service", "ServiceAccount"]
     # no Prometheus Operator object unless asked for, no RBAC unless a feature needs it
     assert not {"ServiceMonitor", "PodMonitor", "PrometheusRule", "ClusterRole", "ClusterRoleBinding", "Role",
                 "RoleBinding"} & set(kinds)
@@ -394,7 +395,7 @@ def test_the_prometheus_rule_holds_the_groups_of_rules_dir(chart: helm.Chart) ->
 def test_dashboards_config_maps(chart: helm.Chart) -> None:
     shipped = {p.name: json.loads(p.read_text()) for p in sorted((ROOT / "dashboards").glob("*.json"))}
     maps = [o for o in render(chart, {}) if o["kind"] == "ConfigMap"]  # no config: dashboards only
-    assert len(maps) == len(shipped) == 6
+    assert len(maps) == len(shipped) == 7
     seen = {}
     for config_map in maps:
         assert config_map["metadata"]["labels"]["grafana_dashboard"] == "1"

@@ -13,9 +13,10 @@ name an engine has used is read, series by series, the current one winning where
 Attainment of an objective is the share of a histogram's observations at or under its threshold, read from the
 bucket whose bound is the threshold (the settings refuse any other threshold). Two histograms do not say how many
 requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b), and
-exactly where the client path counted it. SLO goodput counts the requests known to have met both (the exact figure,
-else the lower bound); the burn-rate alerts page on errors known to have happened (1 - the exact figure, else 1 -
-the upper bound), so neither flatters nor guesses.
+exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client path's
+count, else the judged requests times the lower bound); the burn-rate alerts page on errors known to have happened
+(1 - the exact figure, else 1 - the upper bound), so neither flatters nor guesses. A request that ends before it is
+judged (aborted before its first token) counts in neither: no engine observes a time to first token for it.
 """
 
 from __future__ import annotations
@@ -293,11 +294,16 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
                  f'  or\n  sum without (bound) ({joint}{{bound="upper"}})\n)'},
     ]
     if window == w:
+        # requests/s that met both objectives: the client path's exact count; else the judged requests (those with
+        # a first token, or a time per output token where TTFT is not measured) times the joint share's lower
+        # bound. A request that finished without being judged (aborted before its first token) is never counted.
+        judged = f'workload:goodput_inference_slo_requests:rate{w}{{objective=~"ttft|tpot"}}'
+        both = f'workload:goodput_inference_slo_met_requests:rate{w}{{objective="both"}}'
         rules.append({
             "record": f"workload:goodput_inference_slo_goodput:rate{w}",
-            "expr": f"sum without (reason) (workload:goodput_inference_requests:rate{w})\n"
-                    f'* (\n  sum without (bound) ({joint}{{bound="exact"}})\n'
-                    f'  or\n  sum without (bound) ({joint}{{bound="lower"}})\n)'})
+            "expr": f"sum without (objective) ({both})\n"
+                    f"or\nmax without (objective) ({judged})\n"
+                    f'* sum without (bound) ({joint}{{bound="lower"}})'})
     return rules
 
 
