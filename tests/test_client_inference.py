@@ -271,9 +271,10 @@ def test_client_refuses_what_the_daemon_would_reject_and_keeps_the_batch(caplog:
         telemetry.record_request("m", 0.1, None, 1.0, MAX_COUNT + 1)
         telemetry.record_request("m", 0.1, None, 1.0, 1, inter_token_seconds=[0.1, math.nan])
         telemetry.record_request("bad model", 0.1, None, 1.0, 1)
+        telemetry.record_request("m", 0.1, None, None, 1)  # type: ignore[arg-type]  # e2e_seconds is required
         with telemetry.request("-bad") as r:
             r.token()
-        assert telemetry.dropped == 7 and r.met is None
+        assert telemetry.dropped == 8 and r.met is None
         telemetry.record_request("m", 0.5, 0.2, 1.0, 3, ttft_objective_seconds=-1, tpot_objective_seconds=math.nan,
                                  finish_reason="content_filter")
         telemetry.record_request("m", -0.5, None, 1.0, 1, queue_seconds=-1)  # negative times: sent as 0
@@ -288,7 +289,7 @@ def test_client_refuses_what_the_daemon_would_reject_and_keeps_the_batch(caplog:
     assert value(text, "goodput_inference_queue_time_seconds_bucket", le="0.3", **labels) == 1
     assert value(text, "goodput_inference_time_to_first_token_seconds_sum", **labels) == 0.5
     assert value(text, "goodput_ingest_rejected_requests_total", reason="invalid") == 0
-    assert (telemetry.sent, telemetry.dropped) == (2 + 2, 7)  # and start, end
+    assert (telemetry.sent, telemetry.dropped) == (2 + 2, 8)  # and start, end
     assert "unknown finish reason 'content_filter'" in caplog.text
 
 

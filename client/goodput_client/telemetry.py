@@ -143,6 +143,14 @@ def _time(value: float | None, name: str) -> float | None:
     return 0.0 if value < 0.0 else value
 
 
+def _required_time(value: float | None, name: str) -> float:
+    """A time the wire format requires (not null)."""
+    checked = _time(value, name)
+    if checked is None:
+        raise _Invalid(f"{name} is required")
+    return checked
+
+
 def _count(value: int, name: str) -> int:
     if isinstance(value, float) and not value.is_integer():
         raise _Invalid(f"{name}={value!r} is not a whole number")
@@ -437,9 +445,9 @@ class Telemetry:
             raise _Invalid(f"the model name does not match {MODEL_PATTERN}")
         ttft = r.ttft_seconds = _time(r.ttft_seconds, "ttft_seconds")
         tpot = r.tpot_seconds = _time(r.tpot_seconds, "tpot_seconds")
-        e2e = r.e2e_seconds = _time(r.e2e_seconds, "e2e_seconds")
+        e2e = r.e2e_seconds = _required_time(r.e2e_seconds, "e2e_seconds")
         queue = r.queue_seconds = _time(r.queue_seconds, "queue_seconds")
-        itl_sum = _time(r.itl_sum, "itl_sum")
+        itl_sum = _required_time(r.itl_sum, "itl_sum")
         prompt = _count(r.prompt_tokens, "prompt_tokens")
         output = r.output_tokens = _count(r.output_tokens, "output_tokens")
         if max(r._itl) > MAX_COUNT:
