@@ -44,7 +44,8 @@ class _Request:
     arrived: float
     prompt: int
     output: int
-    admitted: float = 0.0
+    admitted: float = 0.0  # when first admitted (0: never)
+    ready: float = 0.0  # when its prefill (or, after a preemption, its recompute) is done
     first_token: float | None = None
     generated: float = 0.0  # fractional: a step spans ticks
     last_token: float = 0.0
@@ -153,19 +154,22 @@ class SimulatedServer:
         dt = now - before
         self._arrivals(now, dt)
         kv = sum(r.prompt + int(r.generated) for r in self._running)
-        while self._waiting and len(self._running) < MAX_RUNNING and kv + self._waiting[0].prompt <= KV_CAPACITY_TOKENS:
+        while (self._waiting and len(self._running) < MAX_RUNNING
+               and kv + self._waiting[0].prompt + int(self._waiting[0].generated) <= KV_CAPACITY_TOKENS):
             request = self._waiting.popleft()
             if request.admitted == 0.0:
                 m.of(m.queue, "queue_time").observe(now - request.arrived)
-            request.admitted = now
-            kv += request.prompt
+                request.admitted = now
+            # prefill; after a preemption, the recompute of the prompt and of what it had generated
+            request.ready = now + (request.prompt + int(request.generated)) / PREFILL_TOKENS_PER_SECOND
+            kv += request.prompt + int(request.generated)
             self._running.append(request)
         step = STEP_SECONDS + STEP_PER_REQUEST * len(self._running)
         done: list[_Request] = []
         for request in self._running:
+            if now < request.ready:
+                continue
             if request.first_token is None:
-                if now - request.admitted < request.prompt / PREFILL_TOKENS_PER_SECOND:
-                    continue
                 request.first_token = request.last_token = now
                 request.generated = 1.0
                 m.of(m.ttft, "time_to_first_token").observe(now - request.arrived)
@@ -184,10 +188,10 @@ class SimulatedServer:
             m.of(m.prompt_tokens, "prompt_tokens").inc(request.prompt)
             m.of(m.generation_tokens, "generation_tokens").inc(request.output)
             m.finished_as("length").inc()  # it generated its max_tokens
-        # the KV cache overflows as running requests grow: preempt the last admitted, to recompute later
+        # the KV cache overflows as running requests grow: preempt the last admitted, to recompute later (its
+        # tokens already sent stay sent: its time to first token is observed once)
         while self._running and sum(r.prompt + int(r.generated) for r in self._running) > KV_CAPACITY_TOKENS:
             victim = self._running.pop()
-            victim.first_token, victim.generated = None, 0.0
             self._waiting.appendleft(victim)
             m.of(m.preemptions, "preemptions").inc()
         used = sum(r.prompt + int(r.generated) for r in self._running)
