@@ -276,7 +276,16 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
                   for kind in ("requests", "met_requests")]
     att = f"workload:goodput_inference_slo_attainment_ratio:rate{window}"
     joint = f"workload:goodput_inference_slo_joint_attainment_ratio:rate{window}"
-    single = f'{att}{{objective=~"ttft|tpot"}}'
+    judged, met = (f'workload:goodput_inference_slo_{kind}:rate{window}{{objective=~"ttft|tpot"}}'
+                   for kind in ("requests", "met_requests"))
+    # The bounds work from counts, as the objectives judge different requests (a time per output token needs two
+    # tokens; SGLang judges it for finished requests only): of the N requests judged on either, the m_ttft and m_tpot
+    # that missed each. The requests that missed either number at least max(m) and at most the sum, so the share
+    # that met both lies in [1 - sum(m)/N, 1 - max(m)/N], which is [a+b-1, min(a, b)] where both judge the same
+    # requests; where an engine judges one objective only (TGI has no time to first token), both bounds are its
+    # attainment.
+    missed = f"({judged}\n   - {met})"
+    n = f"(max without (objective) ({judged}) > 0)"
 
     def bound_(expr: str, name: str) -> Rule:
         return {"record": joint, "expr": expr, "labels": {"bound": name}}
@@ -284,10 +293,8 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
     rules += [
         {"record": att, "expr": f"workload:goodput_inference_slo_met_requests:rate{window}\n"
                                 f"  / (workload:goodput_inference_slo_requests:rate{window} > 0)"},
-        # where an engine judges one objective only (TGI has no time to first token), both bounds are its figure
-        bound_(f"clamp_min(\n  sum without (objective) ({single})\n  - count without (objective) ({single}) + 1,\n"
-               "  0\n)", "lower"),
-        bound_(f"min without (objective) ({single})", "upper"),
+        bound_(f"clamp_min(\n  1 - sum without (objective) {missed}\n  / {n},\n  0\n)", "lower"),
+        bound_(f"1 - max without (objective) {missed}\n  / {n}", "upper"),
         bound_(f'sum without (objective) ({att}{{objective="both"}})', "exact"),
         {"record": f"workload:goodput_inference_slo_error_ratio:rate{window}",
          "expr": f'1 - (\n  sum without (bound) ({joint}{{bound="exact"}})\n'
@@ -319,27 +326,36 @@ def _gpus(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     keys = workload_keys(s)
     info = "workload:goodput_inference_gpu:info"
-    servers = f"server:goodput_inference_requests:rate{w}"
+    pods = "goodput_gpu_pod_info"
     gpu = f"on ({c}, {n}, uuid) group_left ()"
+
+    def servers(selector: str) -> str:
+        # every server from its first scrape: the gauges exist before any request finished (SGLang's and TGI's
+        # request counters appear with the first); the client path has the request counters only
+        return " or ".join(f"{name}{{{selector}}}" for name in (
+            "server:goodput_inference_requests_running:sum", "server:goodput_inference_requests_waiting:sum",
+            f"server:goodput_inference_requests:rate{w}"))
 
     def per_gpu(fn: str, expr: str) -> str:
         return f"{fn} by ({keys}) (\n  {info}\n  * {gpu}\n  ({expr})\n)"
 
+    def join(gpus: str, on: str, selector: str, carried: str) -> str:
+        # one served model per `on` group (topk: a pod, container or workload serving two has its GPUs counted
+        # for one of them, rather than the rule failing on a many-to-many match)
+        return (f"group by ({keys}, {n}, uuid) (\n  max by ({c}, {n}, uuid, {on}) ({gpus})\n"
+                f"  * on ({c}, {on}) group_left ({carried})\n"
+                f"  topk by ({c}, {on}) (1, group by ({c}, {on}, {carried}) ({servers(selector)}))\n)")
+
     return [
-        # Kubernetes: the pods the kubelet assigned GPUs to, matched with the engines' pods (namespace and pod
-        # from service discovery). Elsewhere, and for the client path: the workload the process source found
-        # holding each GPU, matched with the servers' workload label.
+        # Kubernetes: the pods the kubelet assigned GPUs to, matched with the engines' pods (namespace and pod from
+        # service discovery, and the container where the scrape keeps it, as the Prometheus Operator does: then two
+        # containers of a pod serving two models each have their own GPUs). Elsewhere, and for the client path: the
+        # workload the process source found holding each GPU, matched with the servers' workload label.
         {"record": info,
-         "expr": f"group by ({keys}, {n}, uuid) (\n"
-                 f"  max by ({c}, {n}, uuid, namespace, pod) (goodput_gpu_pod_info)\n"
-                 f"  * on ({c}, namespace, pod) group_left (workload, model, engine)\n"
-                 f"  topk by ({c}, namespace, pod) (1, group by ({c}, namespace, pod, workload, model, engine) "
-                 f'({servers}{{pod!=""}}))\n)\n'
-                 f"or\ngroup by ({keys}, {n}, uuid) (\n"
-                 f"  max by ({c}, {n}, uuid, workload) (goodput_gpu_workload_info)\n"
-                 f"  * on ({c}, workload) group_left (namespace, model, engine)\n"
-                 f"  topk by ({c}, workload) (1, group by ({c}, namespace, workload, model, engine) "
-                 f'({servers}{{workload!=""}}))\n)'},
+         "expr": "\nor\n".join((
+             join(pods, "namespace, pod, container", 'pod!="", container!=""', "workload, model, engine"),
+             join(pods, "namespace, pod", 'pod!="", container=""', "workload, model, engine"),
+             join("goodput_gpu_workload_info", "workload", 'workload!=""', "namespace, model, engine")))},
         {"record": "workload:goodput_inference_gpus:count", "expr": f"count by ({keys}) ({info})"},
         {"record": f"workload:goodput_inference_gpu_idle_ratio:rate{w}",
          "expr": per_gpu("avg", f"gpu:goodput_gpu_idle_ratio:rate{w}")},

@@ -207,6 +207,10 @@ class RulesSettings(BaseModel):
     inference_slo_slow_burn_rate: float = Field(
         6, gt=1, description="GoodputInferenceSLOBurnSlow: burn rate over both windows (6 spends 5% of a 30-day "
         "budget in 6 hours).")
+    inference_slo_unmeasured_for: str = Field(
+        "15m", description="GoodputInferenceSLOUnmeasured: for how long a model's requests are judged on an objective "
+        "whose threshold bucket its engine does not expose (custom buckets: vLLM's --custom-histogram-buckets, "
+        "SGLang's --bucket-*), so that no burn-rate alert can fire for it.")
     inference_kv_cache_saturated_ratio: float = Field(
         0.95, gt=0, le=1, description="GoodputInferenceKVCacheSaturated: share of the KV cache in use.")
     inference_kv_cache_saturated_for: str = Field(
@@ -235,7 +239,8 @@ class RulesSettings(BaseModel):
                      "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
-                     "fabric_congestion_for", "inference_kv_cache_saturated_for", "inference_idle_while_queued_for")
+                     "fabric_congestion_for", "inference_kv_cache_saturated_for", "inference_idle_while_queued_for",
+                     "inference_slo_unmeasured_for")
     @classmethod
     def _check_range(cls, value: str) -> str:
         return _range(value)

@@ -34,6 +34,15 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"{_WHO}: {error} of its requests missed a latency objective over the last {slow[1]}, and still over the "
             f"last {slow[0]}: more than {s.inference_slo_slow_burn_rate:g}x the budget's rate."),
         Alert(
+            "GoodputInferenceSLOUnmeasured", "inference-slo-unmeasured.md", "warning",
+            f"workload:goodput_inference_slo_requests:rate{short} > 0\n"
+            f"unless\nworkload:goodput_inference_slo_met_requests:rate{short}",
+            s.inference_slo_unmeasured_for,
+            "A served model's latency objective cannot be judged: its engine has no bucket at the threshold.",
+            f"{_WHO} serves requests, but its engine's histogram for the {{{{ $labels.objective }}}} objective has "
+            "no bucket at the threshold (custom buckets?): its attainment, error ratio and burn-rate alerts are "
+            "absent."),
+        Alert(
             "GoodputInferenceKVCacheSaturated", "inference-kv-cache-saturated.md", "warning",
             f"server:goodput_inference_kv_cache_usage_ratio:max >= {s.inference_kv_cache_saturated_ratio:g}\n"
             f"and\nserver:goodput_inference_preemptions:rate{short} > 0",
