@@ -1,5 +1,6 @@
-"""goodput_client's inference path against a real daemon: requests timed by the client (under a fake clock)
-or measured by the server become exact histograms and SLO counts; bad request events and the model cap."""
+"""goodput_client's inference path against a real daemon: requests timed by the client (under a fake clock, and
+in a streaming server on uvicorn read by real HTTP clients) or measured by the server become exact histograms and
+SLO counts; bad request events and the model cap."""
 
 from __future__ import annotations
 
@@ -395,3 +396,90 @@ def test_models_outlive_an_ended_rank_and_expire_when_idle() -> None:
     assert models() == set()
     apply(good("w", "other"))  # room again: an expired model no longer counts against the cap
     assert models() == {("w", "other")}
+
+
+# --- an inference server on uvicorn, instrumented with Telemetry.request, and real streaming clients --------------
+
+STREAMS = {  # name -> (seconds to the first token, seconds between tokens, tokens): each far from the objectives
+    "fast": (0.01, 0.005, 6),
+    "slow_first": (0.5, 0.005, 6),  # misses the 0.25 s TTFT objective
+    "slow_decode": (0.01, 0.12, 4),  # misses the 0.05 s TPOT objective
+    "one_token": (0.01, 0.0, 1),  # no time per output token: judged on TTFT only
+}
+
+
+def test_a_streaming_server_on_uvicorn_reports_what_its_clients_saw() -> None:
+    """A FastAPI server streaming tokens, run by uvicorn, wraps each response in `telemetry.request()`; httpx
+    clients read the streams (one disconnects mid-stream). The daemon's SLO counts are what the streams' timings
+    imply, the disconnected request is an abort, and the exact joint count lies within the histograms' bounds."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+    from fastapi.responses import StreamingResponse
+
+    config = quick_config()
+    with live_server(config, backend=SimulatedGpus(1)) as live:
+        telemetry = Telemetry(WORKLOAD, 0, socket_path=config.ingest.socket_path, flush_interval=0.1,
+                              ttft_objective_seconds=TTFT_OBJECTIVE, tpot_objective_seconds=TPOT_OBJECTIVE)
+        app = FastAPI()
+
+        @app.get("/generate/{kind}")
+        async def generate(kind: str) -> StreamingResponse:
+            first, gap, tokens = STREAMS.get(kind, (0.01, 0.2, 1000))  # anything else: a long, slow stream
+
+            async def stream():  # type: ignore[no-untyped-def]
+                with telemetry.request(model="uvicorn-llm", prompt_tokens=10) as r:
+                    await asyncio.sleep(first)
+                    for i in range(tokens):
+                        if i:
+                            await asyncio.sleep(gap)
+                        r.token()
+                        yield f"token{i} "
+
+            return StreamingResponse(stream(), media_type="text/plain")
+
+        port = _free_port()
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+        thread = threading.Thread(target=server.run, daemon=True)
+        thread.start()
+        wait_for(lambda: server.started, timeout=10)
+        try:
+            with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=10) as client:
+                for kind in STREAMS:
+                    for _ in range(3):
+                        assert client.get(f"/generate/{kind}").text.startswith("token0")
+                with client.stream("GET", "/generate/endless") as response:  # the client goes away mid-stream
+                    for _ in zip(range(3), response.iter_text(), strict=False):
+                        pass
+            text = live.metrics_when("goodput_inference_requests_total", 1, workload=WORKLOAD, model="uvicorn-llm",
+                                     reason="abort")
+            text = live.metrics_when("goodput_inference_requests_total", 12, workload=WORKLOAD, model="uvicorn-llm",
+                                     reason="stop")
+        finally:
+            server.should_exit = True
+            thread.join(10)
+            telemetry.close()
+    labels = {"workload": WORKLOAD, "model": "uvicorn-llm"}
+    # judged: every request with a first token (13, the abort included); TPOT: those with 2 tokens or more (10)
+    assert value(text, "goodput_inference_time_to_first_token_seconds_count", **labels) == 13
+    assert value(text, "goodput_inference_time_per_output_token_seconds_count", **labels) == 10
+    met = {o: value(text, "goodput_inference_slo_met_requests_total", objective=o, **labels)
+           for o in ("ttft", "tpot", "both")}
+    # TTFT met by all but slow_first (3 x 3 + the abort); TPOT by fast and slow_first (3 + 3; slow_decode's and the
+    # abort's gaps are 0.12 s and 0.2 s); both by fast and one_token (3 + 3)
+    assert met == {"ttft": 10, "tpot": 6, "both": 6}
+    assert value(text, "goodput_inference_generation_tokens_total", **labels) >= 3 * (6 + 6 + 4 + 1) + 3
+    ttft_buckets, _, ttft_count = histogram(text, "goodput_inference_time_to_first_token_seconds", "uvicorn-llm")
+    tpot_buckets, _, tpot_count = histogram(text, "goodput_inference_time_per_output_token_seconds", "uvicorn-llm")
+    missed_ttft, missed_tpot = ttft_count - ttft_buckets[TTFT_OBJECTIVE], tpot_count - tpot_buckets[TPOT_OBJECTIVE]
+    lower, upper = 1 - (missed_ttft + missed_tpot) / ttft_count, 1 - max(missed_ttft, missed_tpot) / ttft_count
+    assert lower <= met["both"] / ttft_count <= upper
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
