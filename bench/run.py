@@ -350,11 +350,15 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
         "## Rules at cluster scale",
         "",
         f"Synthetic history of {rules_scale.NODES * rules_scale.GPUS_PER_NODE:,} GPUs ({rules_scale.NODES:,} nodes, "
-        "DCGM ratios on every GPU) "
-        f"and {rules_scale.WORKLOADS} workloads x {rules_scale.RANKS} ranks (with their attribution info series): "
+        "DCGM ratios on every GPU), "
+        f"{rules_scale.WORKLOADS} workloads x {rules_scale.RANKS} ranks (with their attribution info series) "
+        f"and {sum(rules_scale.SERVING.values()):,} serving pods ("
+        + ", ".join(f"{count:,} {rules_scale.TITLES[name]}" for name, count in rules_scale.SERVING.items())
+        + f"; {rules_scale.MODELS} models; {scale.serving_gpus:,} of the GPUs, by their pod info series): "
         f"{scale.series:,} series, {scale.samples:,} samples over {rules_scale.HISTORY // 60} minutes,",
-        f"one a minute but for the last {rules_scale.RECENT // 60} at a {rules_scale.SCRAPE} s scrape, plus an hour of "
-        f"the short-window series the 1h rules average (every {rules_scale.EVAL_INTERVAL} s, as recorded), "
+        f"one a minute but for the last {rules_scale.RECENT // 60} at a {rules_scale.SCRAPE} s scrape, plus the "
+        "short-window series the long rules average, over the longest window each is read over (1h; the inference "
+        f"SLO series 6h; every {rules_scale.EVAL_INTERVAL} s, as recorded), "
         "loaded with `promtool tsdb create-blocks-from openmetrics` "
         "(details in `bench/rules_scale.py`).",
         "Evaluation time is Prometheus's own (`evaluationTime` of /api/v1/rules), rules/ as shipped, "
