@@ -370,16 +370,19 @@ def _gpus(s: RulesSettings) -> list[Rule]:
 def inference_groups(s: RulesSettings) -> list[Group]:
     short = s.windows[0]
     groups: list[Group] = [
-        {"name": "goodput.inference_server", "rules": _server(s)},
+        # per engine: each reads every server of its engine
+        *({"name": f"goodput.inference_server.{engine.name}",
+           "rules": [r for r in _server(s) if r["labels"]["engine"] == engine.name]} for engine in engines(s)),
         {"name": "goodput.inference_workload", "rules": _workload(s)},
         # one group per histogram and engine: each reads every bucket of its servers (2,000 servers' TTFT buckets
         # in one group took close to a second, bench/results.md)
         *({"name": f"goodput.inference_{signal}.{rule['labels']['engine']}", "rules": [rule]}
           for signal in HISTOGRAMS for rule in _latency(s, signal)),
         {"name": "goodput.inference_slo", "rules": _slo(s) + _attainment(s, short)},
-        # the GPUs under each model, then their figures (one evaluation behind)
+        # the GPUs under each model, then each of their figures (one evaluation behind), which reads every GPU
         {"name": "goodput.inference_gpu", "rules": _gpus(s)[:2]},
-        {"name": "goodput.inference_gpu_figures", "rules": _gpus(s)[2:]},
+        *({"name": f"goodput.inference_gpu_{rule['record'].split(':')[1].removeprefix('goodput_inference_gpu_')}",
+           "rules": [rule]} for rule in _gpus(s)[2:]),
     ]
     groups += _groups(tuple(f"goodput.inference_slo.{window}" for window in burn_windows(s)[1:]),
                       [_attainment(s, window) for window in burn_windows(s)[1:]], s.slow_groups_interval)
