@@ -10,7 +10,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -123,6 +123,32 @@ def with_file_discovery(config_path: Path, targets: list[dict[str, Any]]) -> dic
     return config
 
 
+@contextmanager
+def running_prometheus(config_path: Path, config: dict[str, Any], unused_port: int
+                       ) -> Iterator[tuple[httpx.Client, Callable[[str], list[dict[str, Any]]]]]:
+    """Prometheus on `config` (written to config_path), with only timing and Alertmanager's address changed so that
+    the first scrapes come within seconds; yields its API client and an instant query (empty until it answers)."""
+    for job in config["scrape_configs"]:
+        job.update(scrape_interval="1s", scrape_timeout="1s")
+    config["global"].update(scrape_interval="1s", evaluation_interval="1s")
+    config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{unused_port}"]}]
+    config_path.write_text(yaml.safe_dump(config))
+    port, directory = free_port(), config_path.parent
+    with process([binary("prometheus"), f"--config.file={config_path}", f"--storage.tsdb.path={directory / 'data'}",
+                  f"--web.listen-address=127.0.0.1:{port}"], directory / "prometheus.log") as proc, httpx.Client(
+                      base_url=f"http://127.0.0.1:{port}", timeout=5) as client:
+
+        def query(expr: str) -> list[dict[str, Any]]:
+            assert proc.poll() is None, (directory / "prometheus.log").read_text()[-3000:]
+            try:
+                response = client.get("/api/v1/query", params={"query": expr})
+            except httpx.TransportError:
+                return []
+            return response.json()["data"]["result"] if response.status_code == 200 else []
+
+        yield client, query
+
+
 def test_promtool_checks_the_config_with_discovery_swapped_for_a_file(tmp_path: Path) -> None:
     config_path = layout(tmp_path)
     config_path.write_text(yaml.safe_dump(with_file_discovery(config_path, [])))
@@ -135,7 +161,7 @@ def test_promtool_checks_the_config_with_discovery_swapped_for_a_file(tmp_path: 
 
 
 def test_live_prometheus_labels_the_exporter_by_node_and_keeps_its_pod_labels(tmp_path: Path) -> None:
-    unused_port, prometheus_port = free_port(), free_port()
+    unused_port = free_port()
     config_path = layout(tmp_path)
     gpus = SimulatedGpus(2)
     with KubeletServer() as kubelet, live_server(quick_config(
@@ -145,24 +171,7 @@ def test_live_prometheus_labels_the_exporter_by_node_and_keeps_its_pod_labels(tm
         config = with_file_discovery(config_path, [
             *pod_targets("goodput-exporter-x7k2p", NAMESPACE, "gpu-node-7", APP, {"metrics": port, "debug": 1}),
             *pod_targets("someone-else", NAMESPACE, "gpu-node-7", "not-the-exporter", {"metrics": unused_port})])
-        # only timing and Alertmanager's address change: the first scrape comes within seconds
-        config["scrape_configs"][0].update(scrape_interval="1s", scrape_timeout="1s")
-        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{unused_port}"]}]
-        config_path.write_text(yaml.safe_dump(config))
-        with process([binary("prometheus"), f"--config.file={config_path}",
-                      f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-                     tmp_path / "prometheus.log") as proc, httpx.Client(
-                         base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5) as client:
-
-            def query(expr: str) -> list[dict[str, Any]]:
-                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-                try:
-                    response = client.get("/api/v1/query", params={"query": expr})
-                except httpx.TransportError:
-                    return []
-                return response.json()["data"]["result"] if response.status_code == 200 else []
-
+        with running_prometheus(config_path, config, unused_port) as (client, query):
             info = wait_for(lambda: query('goodput_gpu_pod_info{job="goodput-exporter"}'), timeout=30)
             targets = client.get("/api/v1/targets").json()["data"]["activeTargets"]
             up = query('up{job="goodput-exporter"}')
@@ -193,7 +202,7 @@ def test_serving_engines_job_joins_a_served_model_to_the_gpus_of_its_pod(tmp_pat
     """serving-engines.yml merged into prometheus.yml, on a live Prometheus: the exporter's pod and a vLLM-format
     engine (the demo's simulated one) in pod serve/vllm-0, to which the kubelet assigned GPU 1. The engine's
     annotated port is scraped once, labelled with its pod and namespace, and the rules find the model's GPU."""
-    unused_port, prometheus_port, engine_port = free_port(), free_port(), free_port()
+    unused_port, engine_port = free_port(), free_port()
     config_path = layout(tmp_path)
     gpus = SimulatedGpus(2)
     engine = yaml.safe_load(SERVING.read_text())["scrape_configs"][0]
@@ -218,24 +227,7 @@ def test_serving_engines_job_joins_a_served_model_to_the_gpus_of_its_pod(tmp_pat
         del engine["kubernetes_sd_configs"]
         engine["file_sd_configs"] = [{"files": [str(tmp_path / "engines.json")]}]
         config["scrape_configs"].append(engine)
-        for job in config["scrape_configs"]:
-            job.update(scrape_interval="1s", scrape_timeout="1s")
-        config["global"].update(scrape_interval="1s", evaluation_interval="1s")
-        config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [f"127.0.0.1:{unused_port}"]}]
-        config_path.write_text(yaml.safe_dump(config))
-        with process([binary("prometheus"), f"--config.file={config_path}",
-                      f"--storage.tsdb.path={tmp_path / 'data'}", f"--web.listen-address=127.0.0.1:{prometheus_port}"],
-                     tmp_path / "prometheus.log") as proc, httpx.Client(
-                         base_url=f"http://127.0.0.1:{prometheus_port}", timeout=5) as client:
-
-            def query(expr: str) -> list[dict[str, Any]]:
-                assert proc.poll() is None, (tmp_path / "prometheus.log").read_text()[-3000:]
-                try:
-                    response = client.get("/api/v1/query", params={"query": expr})
-                except httpx.TransportError:
-                    return []
-                return response.json()["data"]["result"] if response.status_code == 200 else []
-
+        with running_prometheus(config_path, config, unused_port) as (_, query):
             (info,) = wait_for(lambda: query("workload:goodput_inference_gpu:info"), timeout=60)
             up = query('up{job="serving-engines"}')
             running = query("server:goodput_inference_requests_running:sum")
