@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import goodput_client.telemetry as telemetry_module
 import httpx
 import pytest
-from conftest import LiveServer, ManualClock, live_server, quick_config, samples, series, value, wait_for
+from conftest import LiveServer, ManualClock, free_port, live_server, quick_config, samples, series, value, wait_for
 from goodput_client import Telemetry
 from goodput_client.contract import (
     E2E_BUCKETS,
@@ -36,16 +36,6 @@ from exporter.sources.nvml.simulated import SimulatedGpus
 
 WORKLOAD = "serve"
 TTFT_OBJECTIVE, TPOT_OBJECTIVE = 0.25, 0.05  # both bucket bounds: the histograms can bound the joint count
-
-
-class FakeClock:
-    """The client's perf_counter. Times are multiples of 1/1024 s from 1024 s: every difference is exact."""
-
-    def __init__(self) -> None:
-        self.now = 1024.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @dataclass
@@ -70,7 +60,7 @@ class Server:
     """An inference server's handler, driven by the fake clock."""
 
     telemetry: Telemetry
-    clock: FakeClock
+    clock: ManualClock
     sent: list[Sent] = field(default_factory=list)
 
     def serve(self, model: str, tokens: list[tuple[float, int]], end: float, *, prompt_tokens: int = 7,
@@ -145,13 +135,13 @@ def assert_histogram(text: str, name: str, model: str, bounds: tuple[float, ...]
 
 
 @pytest.fixture
-def fake_clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
-    clock = FakeClock()
+def fake_clock(monkeypatch: pytest.MonkeyPatch) -> ManualClock:
+    clock = ManualClock(1024.0)  # the client's perf_counter; times in 1/1024 s steps from here: exact differences
     monkeypatch.setattr(telemetry_module, "_perf", clock)
     return clock
 
 
-def test_requests_become_exact_histograms_and_slo_counts(fake_clock: FakeClock) -> None:
+def test_requests_become_exact_histograms_and_slo_counts(fake_clock: ManualClock) -> None:
     config = quick_config()
     with live_server(config, backend=SimulatedGpus(1)) as live:
         telemetry = Telemetry(WORKLOAD, 0, socket_path=config.ingest.socket_path, flush_interval=0.02,
@@ -235,7 +225,7 @@ def test_requests_become_exact_histograms_and_slo_counts(fake_clock: FakeClock) 
     assert max(0, a + b - n) < min(a, b)  # the histograms alone could not have told
 
 
-def test_chunks_and_gaps_under_a_fake_clock(fake_clock: FakeClock) -> None:
+def test_chunks_and_gaps_under_a_fake_clock(fake_clock: ManualClock) -> None:
     """token(n) counts one gap per call, n tokens; TPOT spreads the time over every token after the first."""
     telemetry = Telemetry("w", 0, socket_path="/nonexistent/goodput.sock", flush_interval=60)
     with telemetry.request("m", prompt_tokens=3) as r:
@@ -439,7 +429,7 @@ def test_a_streaming_server_on_uvicorn_reports_what_its_clients_saw() -> None:
 
             return StreamingResponse(stream(), media_type="text/plain")
 
-        port = _free_port()
+        port = free_port()
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
         thread = threading.Thread(target=server.run, daemon=True)
         thread.start()
@@ -475,11 +465,3 @@ def test_a_streaming_server_on_uvicorn_reports_what_its_clients_saw() -> None:
     missed_ttft, missed_tpot = ttft_count - ttft_buckets[TTFT_OBJECTIVE], tpot_count - tpot_buckets[TPOT_OBJECTIVE]
     lower, upper = 1 - (missed_ttft + missed_tpot) / ttft_count, 1 - max(missed_ttft, missed_tpot) / ttft_count
     assert lower <= met["both"] / ttft_count <= upper
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
