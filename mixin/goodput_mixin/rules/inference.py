@@ -51,8 +51,9 @@ CLIENT = Engine(
         "requests_finished": (Native("goodput_inference_requests_total", "counter", ("workload", "model", "reason"),
                                      source=_R),),
     }, reason_label="reason")
-# the client's own labels that the normalized series keep (the engines' model label is renamed to `model`)
-_KEPT = {"workload", "model"}
+# the labels a normalized series keeps of an engine's own (the engines' model and finish-reason labels are renamed
+# to these; the client path's are these already)
+NORMALIZED_LABELS = ("workload", "model", "reason")
 
 # Labels of an engine's parallel ranks that report the same requests (SGLang's schedulers: with pipeline parallelism,
 # or --enable-metrics-for-all-schedulers, every stage or tensor-parallel rank reports the batch they share): a
@@ -105,11 +106,11 @@ class _Norm:
         # the label naming the served model: the engine's own, else one the scrape adds (`model`)
         self.model_label = engine.model_label or "model"
 
-    def own_labels(self, native: Native) -> list[str]:
-        """The engine's labels that a normalized series drops (summed or maxed over): all but the model's, the
-        client's workload, and the reason of a finished request."""
-        keep = _KEPT | {self.model_label, self.engine.reason_label or ""} | set(REPLICA_LABELS)
-        return [label for label in native.labels if label not in keep]
+    def _renamed(self, native: Native) -> list[tuple[str, str]]:
+        """(the engine's label, its normalized name) for the labels of `native` that are renamed: the model's
+        (`model`) and the finish reason's (`reason`)."""
+        pairs = ((self.engine.model_label, "model"), (self.engine.reason_label, "reason"))
+        return [(own, name) for own, name in pairs if own and own != name and own in native.labels]
 
     def rename(self, expr: str, native: Native) -> str:
         """`model` from the engine's model label; the reason a request finished as `reason`; once over the ranks
@@ -117,36 +118,29 @@ class _Norm:
         replicas = [label for label in REPLICA_LABELS if label in native.labels]
         if replicas:
             expr = f"max without ({', '.join(replicas)}) ({expr})"
-        if self.model_label != "model":
-            expr = f'label_replace({expr}, "model", "$1", "{self.model_label}", "(.+)")'
-        reason = self.engine.reason_label
-        if reason and reason != "reason" and reason in native.labels:
-            expr = f'label_replace({expr}, "reason", "$1", "{reason}", "(.+)")'
+        for own, name in self._renamed(native):
+            expr = f'label_replace({expr}, "{name}", "$1", "{own}", "(.+)")'
         return expr
 
     def drop(self, native: Native) -> list[str]:
-        labels = self.own_labels(native)
-        if self.model_label != "model":
-            labels.append(self.model_label)
-        reason = self.engine.reason_label
-        if reason and reason != "reason" and reason in native.labels:
-            labels.append(reason)
-        return labels
+        """The engine's labels a normalized series sums or maxes away: all but the normalized ones (workload,
+        model, reason) and the replica ranks, which rename() already took once; a renamed label goes too."""
+        return [label for label in native.labels if label not in NORMALIZED_LABELS and label not in REPLICA_LABELS]
 
     def rule(self, record: str, expr: str, **labels: str) -> Rule:
         """A rule of this engine: its name in the `engine` label (a static label of the rule, so that the rules
         recording one name for several engines differ, as promtool asks)."""
         return {"record": record, "expr": expr, "labels": {"engine": self.engine.name, **labels}}
 
-    def server(self, signal: str, fn: str, inner: str, suffix: str = "") -> str | None:
+    def server(self, signal: str, fn: str, inner: str) -> str | None:
         """Per server: `fn without (the engine's own labels)` over each name the engine has used for `signal`;
         `inner` wraps the series selector (e.g. a rate)."""
         names = self.engine.signals.get(signal, ())
         if not names:
             return None
-        parts = [self.rename(inner.format(f"{n.name}{suffix}"), n) for n in names]
+        parts = [self.rename(inner.format(n.name), n) for n in names]
         body = "\n  or\n  ".join(parts)
-        dropped = sorted(set(self.drop(names[0])).union(*(self.drop(n) for n in names[1:])))
+        dropped = sorted({label for n in names for label in self.drop(n)})
         # `without ()` when the engine has no labels of its own (TGI): every target label is kept
         return f"{fn} without ({', '.join(dropped)}) (\n  {body}\n)"
 
@@ -171,20 +165,18 @@ def workload_keys(s: RulesSettings, engine: bool = True) -> str:
 
 # --- per server ---------------------------------------------------------------------------------------------------
 
-def _server(s: RulesSettings) -> list[Rule]:
-    w = s.windows[0]
+def _server(s: RulesSettings, engine: Engine) -> list[Rule]:
+    w, norm = s.windows[0], _Norm(s, engine)
     rules: list[Rule] = []
-    for engine in engines(s):
-        norm = _Norm(s, engine)
-        for signal, (fn, name) in GAUGES.items():
-            expr = norm.server(signal, fn, "{}")
-            if expr:
-                rules.append(norm.rule(f"server:goodput_inference_{name}:{fn}", expr))
-        for signal, name in COUNTERS.items():
-            expr = norm.server(signal, "sum", f"rate({{}}[{w}])")
-            if expr:
-                rules.append(norm.rule(f"server:goodput_inference_{name}:rate{w}", expr))
-    return _sorted(rules)
+    for signal, (fn, name) in GAUGES.items():
+        expr = norm.server(signal, fn, "{}")
+        if expr:
+            rules.append(norm.rule(f"server:goodput_inference_{name}:{fn}", expr))
+    for signal, name in COUNTERS.items():
+        expr = norm.server(signal, "sum", f"rate({{}}[{w}])")
+        if expr:
+            rules.append(norm.rule(f"server:goodput_inference_{name}:rate{w}", expr))
+    return rules
 
 
 def _sorted(rules: list[Rule]) -> list[Rule]:
@@ -211,18 +203,15 @@ def _workload(s: RulesSettings) -> list[Rule]:
 def _latency(s: RulesSettings, signal: str) -> list[Rule]:
     """The bucket rates of one latency histogram per served model, for quantiles against the objectives."""
     w = s.windows[0]
-    return [_Norm(s, engine).rule(f"workload:goodput_inference_{HISTOGRAMS[signal]}_bucket:rate{w}",
-                                  _Norm(s, engine).workload(signal, "_bucket", keep="le"))
-            for engine in engines(s) if signal in engine.signals]
+    norms = [_Norm(s, engine) for engine in engines(s) if signal in engine.signals]
+    return [norm.rule(f"workload:goodput_inference_{HISTOGRAMS[signal]}_bucket:rate{w}",
+                      norm.workload(signal, "_bucket", keep="le")) for norm in norms]
 
 
 def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
     """Per objective, the requests judged and those that met it, each model at its own threshold."""
     w, norm = s.windows[0], _Norm(s, engine)
     rules: list[Rule] = []
-
-    def objective(expr: str, name: str) -> str:
-        return f'label_replace(\n  {expr},\n  "objective", "{name}", "", ""\n)'
 
     overridden = models(s, engine.name)
     for model in [None, *overridden]:
@@ -369,10 +358,10 @@ def _gpus(s: RulesSettings) -> list[Rule]:
 
 def inference_groups(s: RulesSettings) -> list[Group]:
     short = s.windows[0]
+    gpus = _gpus(s)
     groups: list[Group] = [
         # per engine: each reads every server of its engine
-        *({"name": f"goodput.inference_server.{engine.name}",
-           "rules": [r for r in _server(s) if r["labels"]["engine"] == engine.name]} for engine in engines(s)),
+        *({"name": f"goodput.inference_server.{engine.name}", "rules": _server(s, engine)} for engine in engines(s)),
         {"name": "goodput.inference_workload", "rules": _workload(s)},
         # one group per histogram and engine: each reads every bucket of its servers (2,000 servers' TTFT buckets
         # in one group took close to a second, bench/results.md)
@@ -380,9 +369,9 @@ def inference_groups(s: RulesSettings) -> list[Group]:
           for signal in HISTOGRAMS for rule in _latency(s, signal)),
         {"name": "goodput.inference_slo", "rules": _slo(s) + _attainment(s, short)},
         # the GPUs under each model, then each of their figures (one evaluation behind), which reads every GPU
-        {"name": "goodput.inference_gpu", "rules": _gpus(s)[:2]},
+        {"name": "goodput.inference_gpu", "rules": gpus[:2]},
         *({"name": f"goodput.inference_gpu_{rule['record'].split(':')[1].removeprefix('goodput_inference_gpu_')}",
-           "rules": [rule]} for rule in _gpus(s)[2:]),
+           "rules": [rule]} for rule in gpus[2:]),
     ]
     groups += _groups(tuple(f"goodput.inference_slo.{window}" for window in burn_windows(s)[1:]),
                       [_attainment(s, window) for window in burn_windows(s)[1:]], s.slow_groups_interval)
