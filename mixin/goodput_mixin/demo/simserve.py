@@ -51,40 +51,34 @@ class _Request:
     last_token: float = 0.0
 
 
-_ATTRIBUTES = {"requests_running": "running", "requests_waiting": "waiting", "kv_cache_usage": "kv",
-               "preemptions": "preemptions", "prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
-               "time_to_first_token": "ttft", "time_per_output_token": "tpot", "inter_token_latency": "itl",
-               "e2e_request_latency": "e2e", "queue_time": "queue"}
-
-
 class _Metrics:
-    """vLLM's series, by their current names (ENGINES['vllm']), labelled as vLLM's V1 engine labels them."""
+    """vLLM's series, by their current names (ENGINES['vllm']), labelled as vLLM's V1 engine labels them: one model,
+    engine "0". Each is its labelled child, made here, so that every series exists from the start at 0, as vLLM
+    creates them when the engine starts."""
 
     def __init__(self, model: str) -> None:
         engine = ENGINES["vllm"]
         self.registry = CollectorRegistry()
-        self._labels: dict[str, dict[str, str]] = {}
+        self._reason = engine.reason_label or "finished_reason"
 
         def native(signal: str):  # type: ignore[no-untyped-def]
             item = engine.signals[signal][0]
             labels = {name: (model if name == engine.model_label else "0") for name in item.labels
-                      if name != engine.reason_label}
-            self._labels[signal] = labels
-            return item, list(labels)
+                      if name != self._reason}
+            return item, labels, f"vLLM's {signal} (simulated)."
 
-        def gauge(signal: str) -> Gauge:
-            item, labels = native(signal)
-            return Gauge(item.name, f"vLLM's {signal} (simulated).", labels, registry=self.registry)
+        def gauge(signal: str):  # type: ignore[no-untyped-def]
+            item, labels, doc = native(signal)
+            return Gauge(item.name, doc, list(labels), registry=self.registry).labels(**labels)
 
-        def counter(signal: str, extra: tuple[str, ...] = ()) -> Counter:
-            item, labels = native(signal)
-            return Counter(item.name.removesuffix("_total"), f"vLLM's {signal} (simulated).", labels + list(extra),
-                           registry=self.registry)
+        def counter(signal: str):  # type: ignore[no-untyped-def]
+            item, labels, doc = native(signal)
+            return Counter(item.name.removesuffix("_total"), doc, list(labels), registry=self.registry).labels(**labels)
 
-        def histogram(signal: str) -> Histogram:
-            item, labels = native(signal)
-            return Histogram(item.name, f"vLLM's {signal} (simulated).", labels, buckets=item.buckets,
-                             registry=self.registry)
+        def histogram(signal: str):  # type: ignore[no-untyped-def]
+            item, labels, doc = native(signal)
+            metric = Histogram(item.name, doc, list(labels), buckets=item.buckets, registry=self.registry)
+            return metric.labels(**labels)
 
         self.running = gauge("requests_running")
         self.waiting = gauge("requests_waiting")
@@ -92,25 +86,19 @@ class _Metrics:
         self.preemptions = counter("preemptions")
         self.prompt_tokens = counter("prompt_tokens")
         self.generation_tokens = counter("generation_tokens")
-        self._reason = engine.reason_label or "finished_reason"
-        self.finished = counter("requests_finished", (self._reason,))
         self.ttft = histogram("time_to_first_token")
         self.tpot = histogram("time_per_output_token")
         self.itl = histogram("inter_token_latency")
         self.e2e = histogram("e2e_request_latency")
         self.queue = histogram("queue_time")
-        # every series from the start, at 0, as vLLM creates its labelled children when the engine starts
-        for signal in self._labels:
-            if signal != "requests_finished":
-                self.of(getattr(self, _ATTRIBUTES[signal]), signal)
+        item, labels, doc = native("requests_finished")
+        self._finished = Counter(item.name.removesuffix("_total"), doc, [*labels, self._reason], registry=self.registry)
+        self._finished_labels = labels
         for reason in ("stop", "length", "abort"):
             self.finished_as(reason)
 
-    def of(self, metric, signal: str):  # type: ignore[no-untyped-def]
-        return metric.labels(**self._labels[signal])
-
     def finished_as(self, reason: str):  # type: ignore[no-untyped-def]
-        return self.finished.labels(**self._labels["requests_finished"], **{self._reason: reason})
+        return self._finished.labels(**self._finished_labels, **{self._reason: reason})
 
 
 class SimulatedServer:
@@ -158,7 +146,7 @@ class SimulatedServer:
                and kv + self._waiting[0].prompt + int(self._waiting[0].generated) <= KV_CAPACITY_TOKENS):
             request = self._waiting.popleft()
             if request.admitted == 0.0:
-                m.of(m.queue, "queue_time").observe(now - request.arrived)
+                m.queue.observe(now - request.arrived)
                 request.admitted = now
             # prefill; after a preemption, the recompute of the prompt and of what it had generated
             request.ready = now + (request.prompt + int(request.generated)) / PREFILL_TOKENS_PER_SECOND
@@ -172,32 +160,32 @@ class SimulatedServer:
             if request.first_token is None:
                 request.first_token = request.last_token = now
                 request.generated = 1.0
-                m.of(m.ttft, "time_to_first_token").observe(now - request.arrived)
+                m.ttft.observe(now - request.arrived)
                 continue
             before_tokens = int(request.generated)
             request.generated += dt / step
             for _ in range(int(request.generated) - before_tokens):
-                m.of(m.itl, "inter_token_latency").observe(step)
+                m.itl.observe(step)
             if int(request.generated) >= request.output:
                 done.append(request)
         for request in done:
             self._running.remove(request)
             assert request.first_token is not None
-            m.of(m.e2e, "e2e_request_latency").observe(now - request.arrived)
-            m.of(m.tpot, "time_per_output_token").observe((now - request.first_token) / max(1, request.output - 1))
-            m.of(m.prompt_tokens, "prompt_tokens").inc(request.prompt)
-            m.of(m.generation_tokens, "generation_tokens").inc(request.output)
+            m.e2e.observe(now - request.arrived)
+            m.tpot.observe((now - request.first_token) / max(1, request.output - 1))
+            m.prompt_tokens.inc(request.prompt)
+            m.generation_tokens.inc(request.output)
             m.finished_as("length").inc()  # it generated its max_tokens
         # the KV cache overflows as running requests grow: preempt the last admitted, to recompute later (its
         # tokens already sent stay sent: its time to first token is observed once)
         while self._running and sum(r.prompt + int(r.generated) for r in self._running) > KV_CAPACITY_TOKENS:
             victim = self._running.pop()
             self._waiting.appendleft(victim)
-            m.of(m.preemptions, "preemptions").inc()
+            m.preemptions.inc()
         used = sum(r.prompt + int(r.generated) for r in self._running)
-        m.of(m.running, "requests_running").set(len(self._running))
-        m.of(m.waiting, "requests_waiting").set(len(self._waiting))
-        m.of(m.kv, "kv_cache_usage").set(used / KV_CAPACITY_TOKENS)
+        m.running.set(len(self._running))
+        m.waiting.set(len(self._waiting))
+        m.kv.set(used / KV_CAPACITY_TOKENS)
 
     def exposition(self) -> bytes:
         with self._lock:
