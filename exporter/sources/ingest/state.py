@@ -4,6 +4,7 @@ expiry; the `ingest` source renders them."""
 from __future__ import annotations
 
 import bisect
+import itertools
 import logging
 import threading
 import time
@@ -33,19 +34,6 @@ class Rejected(Exception):
         super().__init__(message)
 
 
-@dataclass
-class _Rank:
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(c.STEP_BUCKETS) + 1))
-    step_seconds: float = 0.0
-    steps: int = 0
-    tokens: int = 0
-    samples: int = 0
-    phases: dict[str, float] = field(default_factory=dict)
-    restarts: int = 0
-    last_event: float = 0.0
-    ended_at: float | None = None
-
-
 class _Histogram:
     """Non-cumulative bucket counts (the last past the last bound) and the sum of the observations."""
 
@@ -61,11 +49,19 @@ class _Histogram:
         self.total += value
 
     def rendered(self) -> tuple[list[int], float]:
-        cumulative, running = [], 0
-        for count in self.counts:
-            running += count
-            cumulative.append(running)
-        return cumulative, self.total
+        return list(itertools.accumulate(self.counts)), self.total
+
+
+@dataclass
+class _Rank:
+    durations: _Histogram = field(default_factory=lambda: _Histogram(c.STEP_BUCKETS))
+    steps: int = 0
+    tokens: int = 0
+    samples: int = 0
+    phases: dict[str, float] = field(default_factory=dict)
+    restarts: int = 0
+    last_event: float = 0.0
+    ended_at: float | None = None
 
 
 SLO_OBJECTIVES = ("ttft", "tpot", "both")
@@ -194,8 +190,7 @@ class IngestState:
                     model.last_event = now
                     model.add(event)
                 elif isinstance(event, StepEvent):
-                    rank.buckets[bisect.bisect_left(c.STEP_BUCKETS, event.duration_seconds)] += 1
-                    rank.step_seconds += event.duration_seconds
+                    rank.durations.observe(event.duration_seconds)
                     rank.steps += 1
                     rank.tokens += event.tokens
                     rank.samples += event.samples
@@ -263,11 +258,7 @@ class IngestState:
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
                 del self._declared[pid]  # its rank expired or ended: no ghost attribution
             for key, rank in sorted(self._ranks.items()):
-                cumulative, running = [], 0
-                for count in rank.buckets:
-                    running += count
-                    cumulative.append(running)
-                batch.add(c.STEP_DURATION, key, (cumulative, rank.step_seconds))
+                batch.add(c.STEP_DURATION, key, rank.durations.rendered())
                 batch.add(c.STEPS, key, rank.steps)
                 batch.add(c.TOKENS, key, rank.tokens)
                 batch.add(c.SAMPLES, key, rank.samples)
