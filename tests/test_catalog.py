@@ -12,7 +12,7 @@ from goodput_mixin.docs import config_markdown, metrics_markdown
 from exporter.core.catalog import Kind
 from exporter.sources import CATALOG
 
-UNITS = ("seconds", "bytes", "watts", "joules", "celsius", "hertz", "ratio", "bytes_per_second")
+UNITS = ("seconds", "bytes", "watts", "joules", "celsius", "hertz", "ratio", "bytes_per_second", "flops")
 
 
 def test_names_follow_prometheus_conventions() -> None:

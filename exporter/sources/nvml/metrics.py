@@ -10,6 +10,11 @@ GPU_INFO = _m(
     "goodput_gpu_info", Kind.INFO, "",
     "Identity of each GPU seen by NVML; value is always 1.",
     (*GPU, "model", "pci_bus_id", "driver_version"))
+PEAK_FLOPS = _m(
+    "goodput_gpu_peak_flops", Kind.GAUGE, "flops",
+    "Peak dense tensor-core FLOPS of the GPU's model per data type, from NVIDIA's datasheets (absent for a model "
+    "not in the table).",
+    (*GPU, "dtype"))
 GPU_UP = _m(
     "goodput_gpu_up", Kind.GAUGE, "",
     "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset) or answers "

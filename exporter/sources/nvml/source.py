@@ -33,6 +33,7 @@ from .api import (
     GpuBackend,
     GpuError,
 )
+from .peak_flops import peak_flops
 from .readings import READINGS
 
 log = logging.getLogger(__name__)
@@ -80,6 +81,8 @@ class _GpuState:
     last_xid: float | None = None
     mig_uuids: tuple[str, ...] = ()
     minor: int | None = None  # /dev/nvidia<minor>; None when the driver does not say
+    # goodput_gpu_peak_flops rows (one per data type of the model's datasheet), built once per identity
+    peak_flops: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
     # label tuples of its series, built once per identity (`labels`): per reading, per NVLink link, per PID
     series_labels: _SeriesLabels | None = None
     # NVLink error counters: read every LINK_ERRORS_EVERY seconds (one NVML call per link and counter),
@@ -199,6 +202,8 @@ class NvmlSource(Source):
         gpu.labels = (str(gpu.index), uuid)
         gpu.info = (str(gpu.index), uuid, model, bus_id, self._driver)
         gpu.minor = self._optional(gpu, "minor_number", self.backend.device_minor_number)
+        gpu.peak_flops = [(Batch.check(c.PEAK_FLOPS, (*gpu.labels, dtype)), flops)
+                          for dtype, flops in peak_flops(model).items()]
         self.table.record(uuid, str(gpu.index))
 
     def _optional(self, gpu: _GpuState, key: str, call: Callable[..., Any], *args: Any) -> Any:
@@ -259,6 +264,7 @@ class NvmlSource(Source):
                         batch.errors.append("nvml_gpu_is_lost")
                     gpu.lost = True
                     batch.add(c.GPU_INFO, gpu.info, 1)
+                    self._rows[c.PEAK_FLOPS] += gpu.peak_flops
                     batch.add(c.GPU_UP, gpu.labels, 0)
                 self._add_xids(gpu, batch)
             if self._gpus and silent == len(self._gpus):
@@ -287,6 +293,7 @@ class NvmlSource(Source):
             log.warning("nvml: GPU %d (%s) answers again", gpu.index, gpu.labels[1])
             gpu.lost = False
         batch.add(c.GPU_INFO, gpu.info, 1)
+        self._rows[c.PEAK_FLOPS] += gpu.peak_flops
         batch.add(c.GPU_UP, gpu.labels, 1)
 
     def _collect_gpu_rows(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
