@@ -44,7 +44,7 @@ def test_events_become_series() -> None:
         assert value(text, "goodput_samples_total", workload="llama", rank="1") == 8
         assert value(text, "goodput_phase_seconds_total", workload="llama", rank="0",
                      phase="data_wait") == pytest.approx(0.15)
-        assert value(text, "goodput_phase_seconds_total", workload="llama", rank="0", phase="checkpoint") == 0
+        assert value(text, "goodput_phase_seconds_total", workload="llama", rank="0", phase="checkpoint_save") == 0
         assert value(text, "goodput_workload_restarts_total", workload="llama", rank="0") == 1
         assert value(text, "goodput_step_duration_seconds_count", workload="llama", rank="0") == 2
         assert value(text, "goodput_step_duration_seconds_sum", workload="llama", rank="0") == pytest.approx(1.0)

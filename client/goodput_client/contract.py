@@ -7,17 +7,37 @@ module level, so that both sides (and a training image) can import it for free.
     POST EVENTS_PATH, Content-Type: application/json, optionally Authorization: Bearer <token>
     {"events": [event, ...]}            applied all or nothing: one invalid event rejects the batch
 
-    {"type": "step", "workload": W, "rank": R, "duration_seconds": S, "tokens": N, "samples": N}
-    {"type": "phase", "workload": W, "rank": R, "phase": P, "seconds": S}
-    {"type": "lifecycle", "workload": W, "rank": R, "event": E}
+    {"type": "step", "workload": W, "rank": R, "duration_seconds": S, "tokens": N, "samples": N,
+     "step": N, "flops": F, "dtype": D, "elapsed_seconds": T}
+    {"type": "phase", "workload": W, "rank": R, "phase": P, "seconds": S, "elapsed_seconds": T}
+    {"type": "lifecycle", "workload": W, "rank": R, "event": E, "elapsed_seconds": T,
+     "started_at": U, "resumed_from_step": N}
     {"type": "request", "workload": W, "rank": R, "model": M,
      "ttft_seconds": S|null, "tpot_seconds": S|null, "e2e_seconds": S, "queue_seconds": S|null,
      "prompt_tokens": N, "output_tokens": N, "itl_counts": [N, ...], "itl_sum": S,
      "finish_reason": F, "ttft_objective_seconds": O, "tpot_objective_seconds": O}
 
-    W matches WORKLOAD_PATTERN; 0 <= R < MAX_RANK; P in PHASES; E in LIFECYCLE_EVENTS;
+    W matches WORKLOAD_PATTERN; 0 <= R < MAX_RANK; P in WIRE_PHASES; E in LIFECYCLE_EVENTS;
     0 <= seconds <= MAX_SECONDS; 0 < duration_seconds <= MAX_SECONDS; 0 <= N <= MAX_COUNT;
     finite numbers only, no other keys.
+
+The keys of the second lines are optional (older clients send none of them):
+
+    elapsed_seconds    0 <= T <= MAX_ELAPSED: the sending process's time since its reporter started (its
+                       "start" event), at the end of the event's span. The daemon counts a rank's elapsed time
+                       from it, and the part that no phase covers as the phase "untracked".
+    started_at         U > 0, Unix time: the wall clock at elapsed 0 ("start" only). A "start" begins a new
+                       process session of the rank: the gap since its previous session's last event is
+                       downtime.
+    resumed_from_step  0 <= N <= MAX_COUNT ("start" or "restart"): the checkpoint the process resumed from
+                       holds the state after step N; steps numbered above N that the rank had completed
+                       before are redone (wasted progress).
+    step               1 <= N <= MAX_COUNT: the global number of the step completed (steps count 1, 2, ...
+                       across restarts, never per epoch).
+    flops              0 <= F <= MAX_FLOPS: the model FLOPs of the step; dtype, in FLOPS_DTYPES (default
+                       DEFAULT_FLOPS_DTYPE), the data type they run in, for model FLOPs utilization.
+
+A phase "checkpoint" (DEPRECATED_PHASES) is counted as "checkpoint_save".
 
 A "request" event is one finished request of an inference server (any process streaming tokens), for
 the daemon's per (workload, model) latency histograms and SLO counts:
@@ -44,8 +64,16 @@ from __future__ import annotations
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
 EVENT_TYPES = ("step", "phase", "lifecycle", "request")
-PHASES = ("compute", "data_wait", "comm_wait", "checkpoint", "startup", "other")
+PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
+# Deprecated phase names, still accepted on the wire and by the client for one release, and what they count as.
+DEPRECATED_PHASES = {"checkpoint": "checkpoint_save"}
+WIRE_PHASES = (*PHASES, *DEPRECATED_PHASES)
+UNTRACKED_PHASE = "untracked"  # never sent: the daemon's name for a rank's elapsed time that no phase covers
+FLOPS_DTYPES = ("fp64", "tf32", "fp16", "bf16", "fp8", "fp4")  # the data types a job's model FLOPs are declared in
+DEFAULT_FLOPS_DTYPE = "bf16"
+MAX_ELAPSED = 10**9  # seconds a process may report having run (about 31 years)
+MAX_FLOPS = 1e30  # model FLOPs of one step
 LIFECYCLE_EVENTS = ("start", "restart", "end")
 MAX_SECONDS = 86_400.0  # a step or phase longer than a day is a bug in the reporter, not data
 MAX_COUNT = 10**12  # tokens, samples
@@ -80,17 +108,39 @@ FLIGHT_DUMP_PREFIXES = (FLIGHT_DUMP_PREFIX, FLIGHT_DUMP_PREFIX_LEGACY)  # the da
 Event = dict[str, object]
 
 
-def step_event(workload: str, rank: int, duration_seconds: float, tokens: int = 0, samples: int = 0) -> Event:
-    return {"type": "step", "workload": workload, "rank": rank,
-            "duration_seconds": max(duration_seconds, MIN_DURATION), "tokens": int(tokens), "samples": int(samples)}
+def step_event(workload: str, rank: int, duration_seconds: float, tokens: int = 0, samples: int = 0, *,
+               step: int | None = None, flops: float | None = None, dtype: str = DEFAULT_FLOPS_DTYPE,
+               elapsed_seconds: float | None = None) -> Event:
+    event: Event = {"type": "step", "workload": workload, "rank": rank,
+                    "duration_seconds": max(duration_seconds, MIN_DURATION), "tokens": int(tokens),
+                    "samples": int(samples)}
+    if step is not None:
+        event["step"] = int(step)
+    if flops is not None:
+        event["flops"], event["dtype"] = float(flops), dtype
+    if elapsed_seconds is not None:
+        event["elapsed_seconds"] = max(0.0, elapsed_seconds)
+    return event
 
 
-def phase_event(workload: str, rank: int, phase: str, seconds: float) -> Event:
-    return {"type": "phase", "workload": workload, "rank": rank, "phase": phase, "seconds": max(0.0, seconds)}
+def phase_event(workload: str, rank: int, phase: str, seconds: float, *,
+                elapsed_seconds: float | None = None) -> Event:
+    event: Event = {"type": "phase", "workload": workload, "rank": rank, "phase": phase, "seconds": max(0.0, seconds)}
+    if elapsed_seconds is not None:
+        event["elapsed_seconds"] = max(0.0, elapsed_seconds)
+    return event
 
 
-def lifecycle_event(workload: str, rank: int, event: str) -> Event:
-    return {"type": "lifecycle", "workload": workload, "rank": rank, "event": event}
+def lifecycle_event(workload: str, rank: int, event: str, *, elapsed_seconds: float | None = None,
+                    started_at: float | None = None, resumed_from_step: int | None = None) -> Event:
+    body: Event = {"type": "lifecycle", "workload": workload, "rank": rank, "event": event}
+    if elapsed_seconds is not None:
+        body["elapsed_seconds"] = max(0.0, elapsed_seconds)
+    if started_at is not None:
+        body["started_at"] = float(started_at)
+    if resumed_from_step is not None:
+        body["resumed_from_step"] = int(resumed_from_step)
+    return body
 
 
 def _seconds(value: float | None) -> float | None:

@@ -18,4 +18,4 @@ def _build(node: Node, settings: Any) -> Source:
 
 
 SPEC = SourceSpec("ingest", "Training jobs (source `ingest`, from `POST /v1/events`)", IngestConfig, METRICS,
-                  _build, chart_managed=frozenset({"enabled", "socket_path"}))
+                  _build, chart_managed=frozenset({"enabled", "socket_path", "state_dir"}))

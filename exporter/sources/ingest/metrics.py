@@ -18,8 +18,36 @@ TOKENS = _m("goodput_tokens_total", Kind.COUNTER, "", "Tokens processed by compl
 SAMPLES = _m("goodput_samples_total", Kind.COUNTER, "", "Samples processed by completed steps.", WR)
 PHASE_SECONDS = _m(
     "goodput_phase_seconds_total", Kind.COUNTER, "seconds",
-    "Seconds the job spent per phase: compute (useful work), data_wait, comm_wait, checkpoint, startup, "
-    "other (badput).", (*WR, "phase"))
+    "Seconds the rank spent per phase: compute (useful work); data_wait, comm_wait, checkpoint_save, "
+    "checkpoint_restore, compile, startup, other (badput, as the job reported it); untracked (its elapsed time "
+    "that no reported phase covers). All phases together make goodput_elapsed_seconds_total.", (*WR, "phase"))
+ELAPSED = _m(
+    "goodput_elapsed_seconds_total", Kind.COUNTER, "seconds",
+    "Wall time the rank's processes ran on this node, as they reported it, over all their restarts: the sum of "
+    "every phase, untracked included.", WR)
+DOWNTIME = _m(
+    "goodput_downtime_seconds_total", Kind.COUNTER, "seconds",
+    "Wall time between the rank's last event before a restart and its restarted process's start (restarts within "
+    "ingest.restart_window). Elapsed plus downtime is the rank's wall time since it first started on this node.",
+    WR)
+WASTED_STEPS = _m(
+    "goodput_wasted_steps_total", Kind.COUNTER, "",
+    "Steps redone after restarts: those numbered after the step the rank resumed from, up to the last it had "
+    "completed.", WR)
+WASTED_SECONDS = _m(
+    "goodput_wasted_seconds_total", Kind.COUNTER, "seconds",
+    "Duration the redone steps took the first time they ran (goodput_wasted_steps_total), wasted progress.", WR)
+WASTED_COMPUTE = _m(
+    "goodput_wasted_compute_seconds_total", Kind.COUNTER, "seconds",
+    "Compute-phase seconds of the redone steps the first time they ran: compute minus this is productive time.",
+    WR)
+STEP_NUMBER = _m(
+    "goodput_step_number", Kind.GAUGE, "",
+    "Global number of the last step the rank completed, for jobs that number their steps.", WR)
+MODEL_FLOPS = _m(
+    "goodput_model_flops_total", Kind.COUNTER, "flops",
+    "Model FLOPs of the rank's completed steps as the job declared them, by the data type they run in (dtype), for "
+    "model FLOPs utilization against goodput_gpu_peak_flops.", (*WR, "dtype"))
 RESTARTS = _m(
     "goodput_workload_restarts_total", Kind.COUNTER, "", "Restarts the job reported.", WR)
 LAST_EVENT = _m(
@@ -75,5 +103,10 @@ INGEST_REJECTED = _m(
     "(body or batch too large), unauthorized (missing or wrong token), workload_cap, rank_cap, model_cap "
     "(too many live workload and model pairs).",
     ("reason",))
+
+STATE_ERRORS = _m(
+    "goodput_ingest_state_errors_total", Kind.COUNTER, "",
+    "Problems with the state file under ingest.state_dir, by reason: corrupt (unparsable or malformed: set aside, "
+    "started fresh), unreadable, unwritable (a write failed; retried at the next).", ("reason",))
 
 METRICS = _m.metrics

@@ -10,14 +10,18 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from goodput_client.contract import (
+    DEFAULT_FLOPS_DTYPE,
     FINISH_REASONS,
+    FLOPS_DTYPES,
     ITL_BUCKETS,
     LIFECYCLE_EVENTS,
     MAX_COUNT,
+    MAX_ELAPSED,
+    MAX_FLOPS,
     MAX_RANK,
     MAX_SECONDS,
     MODEL_PATTERN,
-    PHASES,
+    WIRE_PHASES,
     WORKLOAD_PATTERN,
 )
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,7 +30,11 @@ Workload = Annotated[str, Field(pattern=WORKLOAD_PATTERN)]
 Rank = Annotated[int, Field(ge=0, lt=MAX_RANK)]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
-Phase = Literal[PHASES]  # type: ignore[valid-type]
+Phase = Literal[WIRE_PHASES]  # type: ignore[valid-type]
+Elapsed = Annotated[float, Field(ge=0.0, le=MAX_ELAPSED, allow_inf_nan=False)]
+StepNumber = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+Flops = Annotated[float, Field(ge=0.0, le=MAX_FLOPS, allow_inf_nan=False)]
+Dtype = Literal[FLOPS_DTYPES]  # type: ignore[valid-type]
 Model = Annotated[str, Field(pattern=MODEL_PATTERN)]
 Objective = Annotated[float, Field(gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
 ItlCounts = Annotated[list[Count], Field(min_length=len(ITL_BUCKETS) + 1, max_length=len(ITL_BUCKETS) + 1)]
@@ -38,22 +46,31 @@ class _Event(BaseModel):
     rank: Rank
 
 
-class StepEvent(_Event):
+class _Timed(_Event):
+    elapsed_seconds: Elapsed | None = None  # the sender's time since its start, at the end of the event's span
+
+
+class StepEvent(_Timed):
     type: Literal["step"]
     duration_seconds: Annotated[float, Field(gt=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
     tokens: Count = 0
     samples: Count = 0
+    step: StepNumber | None = None
+    flops: Flops | None = None
+    dtype: Dtype = DEFAULT_FLOPS_DTYPE
 
 
-class PhaseEvent(_Event):
+class PhaseEvent(_Timed):
     type: Literal["phase"]
     phase: Phase
     seconds: Seconds
 
 
-class LifecycleEvent(_Event):
+class LifecycleEvent(_Timed):
     type: Literal["lifecycle"]
     event: Literal[LIFECYCLE_EVENTS]  # type: ignore[valid-type]
+    started_at: Annotated[float, Field(gt=0.0, le=1e11, allow_inf_nan=False)] | None = None
+    resumed_from_step: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None
 
 
 class RequestEvent(_Event):

@@ -26,6 +26,16 @@ class IngestConfig(SourceConfig):
     max_models: int = Field(
         64, ge=1,
         description="Live (workload, model) pairs of inference requests kept on this node; more are rejected.")
+    state_dir: str = Field(
+        "", description="Directory of the state file that keeps each rank's restart accounting (downtime, redone "
+        "steps, lifetime counters) across daemon restarts; empty: kept in memory only. The chart mounts a hostPath "
+        "here.")
+    restart_window: Duration = Field(
+        86_400.0, gt=0, description="A rank that reports again within this long after its last event continues its "
+        "lifetime counters, the gap counted as downtime when it restarted; later, it starts over.")
+    step_history: int = Field(
+        2000, ge=1, le=1_000_000, description="Step numbers per rank whose first duration is remembered, to charge "
+        "the steps a restart redoes; older redone steps are counted without their seconds.")
     idle_timeout: Duration = Field(
         600.0, description="A rank (or a workload's model) that reports nothing for this long has its series "
         "removed.")

@@ -10,6 +10,7 @@ from ..base import Source, SourceError
 from .listener import IngestServer
 from .settings import IngestConfig
 from .state import IngestState
+from .statefile import StateFile
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +26,12 @@ class IngestSource(Source):
     @classmethod
     def from_settings(cls, settings: IngestConfig) -> IngestSource:
         """The state and its server; reading the token file may raise ConfigError, before anything binds."""
+        if not settings.state_dir:
+            log.info("ingest: no state_dir; restart accounting lasts as long as this daemon")
         state = IngestState(settings.max_workloads, settings.max_ranks, settings.idle_timeout,
-                            max_models=settings.max_models)
+                            max_models=settings.max_models, step_history=settings.step_history,
+                            restart_window=settings.restart_window,
+                            state_file=StateFile(settings.state_dir) if settings.state_dir else None)
         return cls(state, IngestServer(settings, state))
 
     def start(self) -> None:
@@ -41,8 +46,11 @@ class IngestSource(Source):
     def collect(self) -> Batch:
         if self.listen_error is not None:
             raise SourceError("listen_failed", self.listen_error)
-        return self.state.snapshot()
+        batch = self.state.snapshot()
+        self.state.save()
+        return batch
 
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+        self.state.save(force=True)  # after the server: nothing it accepted is left out

@@ -13,12 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES
+from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACKED_PHASE
 
 from ...core.exposition import Batch
 from . import metrics as c
+from .accounting import Account
 from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
 from .peer import start_time
+from .statefile import ERROR_REASONS, StateFile
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +56,11 @@ class _Histogram:
 
 @dataclass
 class _Rank:
+    account: Account  # its time accounting: kept (dormant) after its series go, for a restart to continue
     durations: _Histogram = field(default_factory=lambda: _Histogram(c.STEP_BUCKETS))
     steps: int = 0
     tokens: int = 0
     samples: int = 0
-    phases: dict[str, float] = field(default_factory=dict)
     restarts: int = 0
     last_event: float = 0.0
     ended_at: float | None = None
@@ -128,16 +130,30 @@ class Declarations:
 IGNORED_REASONS = ("mixed_identity", "pid_reused")
 
 
+SAVE_INTERVAL = 10.0  # seconds between writes of the state file while events arrive (and one at shutdown)
+
+
 class IngestState:
     def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
-                 clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64) -> None:
+                 clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64,
+                 step_history: int = 2000, restart_window: float = 86_400.0,
+                 state_file: StateFile | None = None) -> None:
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
         self.max_models = max_models
         self.idle_timeout = idle_timeout
+        self.step_history = step_history
+        self.restart_window = restart_window
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
+        # the accounts of ranks whose series are gone, until restart_window after their last event
+        self._dormant: dict[tuple[str, str], Account] = {}
+        self.state_file = state_file
+        self._saved_at = 0.0
+        self._changed = False
+        if state_file is not None:
+            self._restore(state_file.load())
         # (workload, model) -> its requests; apart from the ranks: a rank's end leaves them, idleness expires them
         self._models: dict[tuple[str, str], _Model] = {}
         # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
@@ -179,7 +195,7 @@ class IngestState:
                 raise Rejected("model_cap", f"this node already tracks {len(self._models)} workload and model "
                                f"pairs (ingest.max_models={self.max_models})", 429)
             for key in new:
-                self._ranks[key] = _Rank()
+                self._ranks[key] = _Rank(self._account(key, now))
             for key in new_models:
                 self._models[key] = _Model()
             for event in events:
@@ -194,18 +210,66 @@ class IngestState:
                     rank.steps += 1
                     rank.tokens += event.tokens
                     rank.samples += event.samples
+                    rank.account.step(now, event.duration_seconds, event.step, event.flops, event.dtype,
+                                      event.elapsed_seconds)
                 elif isinstance(event, PhaseEvent):
-                    rank.phases[event.phase] = rank.phases.get(event.phase, 0.0) + event.seconds
-                elif event.event == "restart":
-                    rank.restarts += 1
-                    rank.ended_at = None
+                    rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
                 elif event.event == "end":
                     rank.ended_at = now
-                else:
+                    rank.account.touch(now, event.elapsed_seconds)
+                else:  # start, restart
+                    restart = event.event == "restart"
+                    rank.restarts += restart
                     rank.ended_at = None
+                    rank.account.session(now, restart, event.elapsed_seconds, event.started_at,
+                                         event.resumed_from_step)
                 self.accepted[event.type] += 1
+            self._changed = True
         if peer_pid is not None and events:
             self._declare(peer_pid, keys)
+
+    def _account(self, key: tuple[str, str], now: float) -> Account:
+        """The dormant account of a rank reporting again within restart_window, else a new one."""
+        account = self._dormant.pop(key, None)
+        if account is not None and (account.last_wall or 0.0) >= now - self.restart_window:
+            return account
+        return Account(self.step_history, "/".join(key))
+
+    def _restore(self, items: list[dict[str, object]]) -> None:
+        """The accounts of the state file, dormant until their ranks report again; a malformed one is skipped
+        (counted as corrupt)."""
+        problems = []
+        for item in items:
+            try:
+                key = (str(item["workload"]), str(item["rank"]))
+                self._dormant[key] = Account.from_dict(self.step_history, "/".join(key), item["account"])  # type: ignore[arg-type]
+            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+                problems.append(f"{exc.__class__.__name__}: {exc}")
+        if problems and self.state_file is not None:
+            self.state_file.errors["corrupt"] += 1
+            log.error("ingest: %d of the %d accounts in %s are malformed (first: %s); they start fresh",
+                      len(problems), len(items), self.state_file.path, problems[0])
+        if items:
+            log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant),
+                     self.state_file.path if self.state_file else "")
+
+    def save(self, force: bool = False) -> None:
+        """Write the state file when something changed (at most every SAVE_INTERVAL unless forced)."""
+        if self.state_file is None:
+            return
+        now = self._clock()
+        with self._lock:
+            if not self._changed or (not force and now - self._saved_at < SAVE_INTERVAL):
+                return
+            accounts = [{"workload": w, "rank": r, "account": rank.account.to_dict()}
+                        for (w, r), rank in self._ranks.items()]
+            accounts += [{"workload": w, "rank": r, "account": account.to_dict()}
+                         for (w, r), account in self._dormant.items()]
+            self._changed = False
+            self._saved_at = now
+        if not self.state_file.save(accounts):
+            with self._lock:
+                self._changed = True
 
     def _declare(self, pid: int, keys: set[tuple[str, str]]) -> None:
         started = start_time(self._proc, pid)
@@ -252,7 +316,12 @@ class IngestState:
             for key in [k for k, r in self._ranks.items()
                         if now - r.last_event > self.idle_timeout
                         or (r.ended_at is not None and now - r.ended_at > ENDED_GRACE)]:
-                del self._ranks[key]
+                self._dormant[key] = self._ranks.pop(key).account
+            for key in [k for k, a in self._dormant.items() if (a.last_wall or 0.0) < now - self.restart_window]:
+                del self._dormant[key]
+                self._changed = True
+            while len(self._dormant) > self.max_ranks:  # the oldest go first
+                del self._dormant[min(self._dormant, key=lambda k: self._dormant[k].last_wall or 0.0)]
             for key in [k for k, m in self._models.items() if now - m.last_event > self.idle_timeout]:
                 del self._models[key]
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
@@ -262,8 +331,19 @@ class IngestState:
                 batch.add(c.STEPS, key, rank.steps)
                 batch.add(c.TOKENS, key, rank.tokens)
                 batch.add(c.SAMPLES, key, rank.samples)
+                account = rank.account
                 for phase in PHASES:
-                    batch.add(c.PHASE_SECONDS, (*key, phase), rank.phases.get(phase, 0.0))
+                    batch.add(c.PHASE_SECONDS, (*key, phase), account.phases[phase])
+                batch.add(c.PHASE_SECONDS, (*key, UNTRACKED_PHASE), account.untracked)
+                batch.add(c.ELAPSED, key, account.elapsed)
+                batch.add(c.DOWNTIME, key, account.downtime)
+                batch.add(c.WASTED_STEPS, key, account.wasted_steps)
+                batch.add(c.WASTED_SECONDS, key, account.wasted_seconds)
+                batch.add(c.WASTED_COMPUTE, key, account.wasted_compute)
+                if account.last_step is not None:
+                    batch.add(c.STEP_NUMBER, key, account.last_step)
+                for dtype, flops in sorted(account.flops.items()):
+                    batch.add(c.MODEL_FLOPS, (*key, dtype), flops)
                 batch.add(c.RESTARTS, key, rank.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
             for key, model in sorted(self._models.items()):
@@ -284,5 +364,8 @@ class IngestState:
                 batch.add(c.INGEST_ACCEPTED, (kind,), self.accepted[kind])
             for reason in REJECT_REASONS:
                 batch.add(c.INGEST_REJECTED, (reason,), self.rejected[reason])
+            if self.state_file is not None:
+                for reason in ERROR_REASONS:
+                    batch.add(c.STATE_ERRORS, (reason,), self.state_file.errors[reason])
         return batch
 

@@ -1,0 +1,271 @@
+"""Where each second of a rank went: its elapsed time (phases plus the untracked rest), the downtime between its
+process sessions, and the progress redone after a restart (wasted steps, their seconds, their compute).
+
+A rank's events arrive in sessions, one per process (the client's "start" or "restart" event, which carries the
+wall time of the process's elapsed 0). Within a session the client reports its elapsed time with its events;
+across sessions the counters go on:
+
+    elapsed     = every phase + untracked, where untracked grows to (earlier sessions' elapsed + this
+                  session's elapsed - the phases), never down (so a step reported inside a phase block cannot
+                  make it shrink), and elapsed is always the sum, exactly
+    downtime    += the gap between the previous session's last event and a "restart" session's start
+    wasted      on a restart from step R, the steps numbered R+1 .. the last step seen: their number, and the
+                  duration and compute seconds each had the first time it was seen
+
+A "start" session is a new run under the same name (a job launched again, not restarted): its steps count from
+scratch and the gap is not downtime. Everything here is plain data, so that the daemon's state file can keep it
+across a daemon restart (`to_dict`, `from_dict`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from array import array
+from typing import Any
+
+from goodput_client.contract import DEPRECATED_PHASES, PHASES
+
+log = logging.getLogger(__name__)
+
+NEW_SESSION_SLACK = 1.0  # seconds: a reported elapsed this far below the session's means a new process
+
+
+class History:
+    """The first duration and compute seconds of each of the last `size` step numbers seen (contiguous from
+    `first`; NaN for a number never seen), in two flat arrays: 16 bytes a step."""
+
+    __slots__ = ("computes", "durations", "first", "size")
+
+    def __init__(self, size: int, first: int = 0) -> None:
+        self.size = size
+        self.first = first
+        self.durations = array("d")
+        self.computes = array("d")
+
+    def __len__(self) -> int:
+        return len(self.durations)
+
+    def add(self, step: int, duration: float, compute: float) -> None:
+        """Remember step `step` unless it was seen before (or is older than what is kept)."""
+        if not self.durations:
+            self.first = step
+        end = self.first + len(self.durations)
+        if step < end:
+            index = step - self.first
+            if index >= 0 and math.isnan(self.durations[index]):
+                self.durations[index], self.computes[index] = duration, compute
+            return
+        gap = step - end
+        if gap >= self.size:  # a jump past everything kept
+            self.first, self.durations, self.computes = step, array("d"), array("d")
+        else:
+            self.durations.extend([math.nan] * gap)
+            self.computes.extend([math.nan] * gap)
+        self.durations.append(duration)
+        self.computes.append(compute)
+        excess = len(self.durations) - self.size
+        if excess > max(64, self.size // 8):  # trim in chunks: a deletion at the front moves the whole array
+            del self.durations[:excess]
+            del self.computes[:excess]
+            self.first += excess
+
+    def redone(self, after: int, last: int) -> tuple[int, float, float]:
+        """Steps after+1 .. last: (how many of them the history lacks, their durations, their compute)."""
+        seconds = compute = 0.0
+        missing = 0
+        for step in range(after + 1, last + 1):
+            index = step - self.first
+            if 0 <= index < len(self.durations) and not math.isnan(self.durations[index]):
+                seconds += self.durations[index]
+                compute += self.computes[index]
+            else:
+                missing += 1
+        return missing, seconds, compute
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"first": self.first, "durations": [None if math.isnan(v) else v for v in self.durations],
+                "computes": [None if math.isnan(v) else v for v in self.computes]}
+
+    @classmethod
+    def from_dict(cls, size: int, data: dict[str, Any]) -> History:
+        history = cls(size, int(data["first"]))
+        durations, computes = data["durations"][-size:], data["computes"][-size:]
+        if len(durations) != len(computes):
+            raise ValueError("history lists of different lengths")
+        history.first += len(data["durations"]) - len(durations)
+        history.durations = array("d", (math.nan if v is None else float(v) for v in durations))
+        history.computes = array("d", (math.nan if v is None else float(v) for v in computes))
+        return history
+
+
+def _phase(name: str) -> str:
+    return DEPRECATED_PHASES.get(name, name)
+
+
+class Account:
+    """One rank's accounting on this node, over all its sessions."""
+
+    __slots__ = ("base", "downtime", "flops", "history", "last_step", "last_wall", "offset", "pending_compute",
+                 "phases", "restarted", "session_elapsed", "started_at", "untracked", "wasted_compute",
+                 "wasted_seconds", "wasted_steps", "where")
+
+    def __init__(self, step_history: int, where: str = "") -> None:
+        self.where = where  # "workload/rank", for the log
+        self.phases: dict[str, float] = dict.fromkeys(PHASES, 0.0)
+        self.untracked = 0.0
+        self.base = 0.0  # the elapsed of the sessions before this one
+        self.session_elapsed = 0.0  # the most this session reported
+        self.offset = 0.0  # elapsed of this session before the daemon first heard of it (not accounted)
+        self.started_at: float | None = None  # wall time of this session's elapsed 0
+        self.last_wall: float | None = None  # wall time of the last event
+        self.downtime = 0.0
+        self.last_step: int | None = None
+        self.restarted = False  # this session is a restart that named no step to resume from (yet)
+        self.pending_compute = 0.0  # compute seconds since the last step
+        self.history = History(step_history)
+        self.wasted_steps = 0
+        self.wasted_seconds = 0.0
+        self.wasted_compute = 0.0
+        self.flops: dict[str, float] = {}
+
+    # --- what the counters show -----------------------------------------------------------------------
+
+    @property
+    def tracked(self) -> float:
+        return math.fsum(self.phases.values())
+
+    @property
+    def elapsed(self) -> float:
+        return self.tracked + self.untracked
+
+    def _settle(self) -> None:
+        self.untracked = max(self.untracked, self.base + self.session_elapsed - self.offset - self.tracked)
+
+    # --- events --------------------------------------------------------------------------------------
+
+    def _wall(self, now: float, elapsed: float | None) -> float:
+        if elapsed is not None and self.started_at is not None:
+            return self.started_at + elapsed
+        return now
+
+    def _advance(self, now: float, elapsed: float | None, span: float) -> None:
+        """An event ending at `elapsed` into its session (None: not reported) that covered `span` seconds."""
+        if elapsed is not None:
+            if self.last_wall is None:  # the first the daemon hears of this rank, mid-session
+                self.offset = max(0.0, elapsed - span)
+                self.started_at = now - elapsed
+            elif elapsed < self.session_elapsed - NEW_SESSION_SLACK:  # a new process whose start was not seen
+                self._begin(now, elapsed, None, restart=True)
+            self.session_elapsed = max(self.session_elapsed, elapsed)
+        self.last_wall = max(self._wall(now, elapsed), self.last_wall or 0.0)
+        self._settle()
+
+    def session(self, now: float, restart: bool, elapsed: float | None, started_at: float | None,
+                resumed_from_step: int | None) -> None:
+        """A "start" or "restart" lifecycle event. One carrying `started_at` begins a process session; a restart
+        without it (an older client, or a restart inside one process) only says where it resumed from."""
+        if started_at is not None:
+            self._begin(started_at + (elapsed or 0.0), elapsed or 0.0, started_at, restart)
+        else:
+            self._advance(now, elapsed, 0.0)
+        if resumed_from_step is not None:
+            self.resume(resumed_from_step)
+        self._settle()
+
+    def _begin(self, wall: float, elapsed: float, started_at: float | None, restart: bool) -> None:
+        first = self.last_wall is None
+        start = started_at if started_at is not None else wall - elapsed
+        if restart and not first:
+            self.downtime += max(0.0, start - self.last_wall)  # type: ignore[operator]
+        # every phase and untracked second so far is in `base`; this session's elapsed counts from its start
+        self.base = self.elapsed
+        self.session_elapsed = elapsed
+        self.offset = 0.0
+        self.started_at = start
+        self.pending_compute = 0.0
+        self.restarted = restart and not first
+        if not restart:  # a new run of the same name: its steps are not redone ones
+            self.last_step = None
+            self.history = History(self.history.size)
+        self.last_wall = max(wall, self.last_wall or 0.0)
+        self._settle()
+
+    def touch(self, now: float, elapsed: float | None) -> None:
+        """An event that covers no span (the end of the process)."""
+        self._advance(now, elapsed, 0.0)
+
+    def phase(self, now: float, name: str, seconds: float, elapsed: float | None) -> None:
+        name = _phase(name)
+        self.phases[name] += seconds
+        if name == "compute":
+            self.pending_compute += seconds
+        self._advance(now, elapsed, seconds)
+
+    def step(self, now: float, duration: float, number: int | None, flops: float | None, dtype: str,
+             elapsed: float | None) -> None:
+        if number is not None:
+            if self.restarted and self.last_step is not None and number <= self.last_step:
+                self.resume(number - 1)  # a restart that named no step: its first step says where it went back to
+            self.restarted = False
+            self.history.add(number, duration, self.pending_compute)
+            self.last_step = number
+        self.pending_compute = 0.0
+        if flops is not None:
+            self.flops[dtype] = self.flops.get(dtype, 0.0) + flops
+        self._advance(now, elapsed, duration)
+
+    def resume(self, step: int) -> None:
+        """The rank went back to the state after step `step`: every later step it had completed is redone."""
+        self.restarted = False
+        last = self.last_step
+        self.last_step = step
+        if last is None or last <= step:
+            return
+        missing, seconds, compute = self.history.redone(step, last)
+        self.wasted_steps += last - step
+        self.wasted_seconds += seconds
+        self.wasted_compute += compute
+        if missing:
+            log.warning("ingest: %s resumed from step %d after step %d; %d of the redone steps are older than the "
+                        "%d remembered (ingest.step_history): their seconds are not counted", self.where, step,
+                        last, missing, self.history.size)
+
+    # --- the state file -------------------------------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"phases": self.phases, "untracked": self.untracked, "base": self.base,
+                "session_elapsed": self.session_elapsed, "offset": self.offset, "started_at": self.started_at,
+                "last_wall": self.last_wall, "downtime": self.downtime, "last_step": self.last_step,
+                "restarted": self.restarted, "pending_compute": self.pending_compute,
+                "history": self.history.to_dict(), "wasted_steps": self.wasted_steps,
+                "wasted_seconds": self.wasted_seconds, "wasted_compute": self.wasted_compute, "flops": self.flops}
+
+    @classmethod
+    def from_dict(cls, step_history: int, where: str, data: dict[str, Any]) -> Account:
+        """Raises KeyError, TypeError or ValueError for data that is not an account this module wrote."""
+        account = cls(step_history, where)
+        for name, seconds in data["phases"].items():
+            account.phases[_phase(str(name))] += _number(seconds)
+        account.untracked = _number(data["untracked"])
+        account.base = _number(data["base"])
+        account.session_elapsed = _number(data["session_elapsed"])
+        account.offset = _number(data["offset"])
+        account.started_at = None if data["started_at"] is None else _number(data["started_at"])
+        account.last_wall = None if data["last_wall"] is None else _number(data["last_wall"])
+        account.downtime = _number(data["downtime"])
+        account.last_step = None if data["last_step"] is None else int(data["last_step"])
+        account.restarted = bool(data["restarted"])
+        account.pending_compute = _number(data["pending_compute"])
+        account.history = History.from_dict(step_history, data["history"])
+        account.wasted_steps = int(data["wasted_steps"])
+        account.wasted_seconds = _number(data["wasted_seconds"])
+        account.wasted_compute = _number(data["wasted_compute"])
+        account.flops = {str(k): _number(v) for k, v in data["flops"].items()}
+        return account
+
+
+def _number(value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise ValueError(f"{value!r} is not a finite number >= 0")
+    return float(value)

@@ -1,0 +1,94 @@
+"""The ingest source's state file: what must outlive a daemon restart (each rank's time accounting, so that a
+job restarted while the daemon was down is still charged its downtime and redone steps), as JSON under
+`ingest.state_dir`, replaced atomically.
+
+A missing file starts fresh (logged). A file that cannot be parsed or is not what this version wrote is counted
+(`corrupt`), logged, kept beside as `<name>.corrupt` for a look, and replaced by the next write; one that cannot be
+read is counted `unreadable`; a write that fails is counted `unwritable` and retried at the next one. None of them
+stops the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+FILE_NAME = "ingest-state.json"
+VERSION = 1
+ERROR_REASONS = ("corrupt", "unreadable", "unwritable")
+
+
+class StateFile:
+    def __init__(self, directory: str) -> None:
+        self.path = Path(directory) / FILE_NAME
+        self.errors: Counter[str] = Counter()
+        self._failing = False  # the last write failed: log the next failure at debug, the recovery at info
+
+    def load(self) -> list[dict[str, Any]]:
+        """The accounts the file holds (each a dict with workload, rank and account); [] when there is none or it
+        is unusable."""
+        try:
+            text = self.path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            log.info("ingest: no state file at %s; restart accounting starts fresh", self.path)
+            return []
+        except (OSError, UnicodeDecodeError) as exc:
+            self.errors["unreadable"] += 1
+            log.error("ingest: cannot read the state file %s (%s); restart accounting starts fresh", self.path, exc)
+            return []
+        try:
+            payload = json.loads(text)
+            if not isinstance(payload, dict) or payload.get("version") != VERSION:
+                raise ValueError(f"not a version {VERSION} state file")
+            accounts = payload["accounts"]
+            if not isinstance(accounts, list) or not all(isinstance(item, dict) for item in accounts):
+                raise ValueError("accounts is not a list of objects")
+            return accounts
+        except (ValueError, KeyError) as exc:
+            self.quarantine(str(exc))
+            return []
+
+    def quarantine(self, problem: str) -> None:
+        """Count and log a corrupt file, and move it aside (the next write replaces it)."""
+        self.errors["corrupt"] += 1
+        aside = self.path.with_name(self.path.name + ".corrupt")
+        try:
+            os.replace(self.path, aside)
+        except OSError:
+            aside = self.path
+        log.error("ingest: the state file %s is corrupt (%s), kept as %s; restart accounting starts fresh",
+                  self.path, problem, aside)
+
+    def save(self, accounts: list[dict[str, Any]]) -> bool:
+        """Write atomically: a crash mid-write leaves the previous file whole."""
+        data = json.dumps({"version": VERSION, "accounts": accounts}, separators=(",", ":"), allow_nan=False)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd, partial = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=self.path.parent)
+            try:
+                with os.fdopen(fd, "w", encoding="utf-8") as out:
+                    out.write(data)
+                    out.flush()
+                    os.fsync(out.fileno())
+                os.replace(partial, self.path)
+            except BaseException:
+                os.unlink(partial)
+                raise
+        except OSError as exc:
+            self.errors["unwritable"] += 1
+            (log.debug if self._failing else log.error)(
+                "ingest: cannot write the state file %s (%s); restart accounting will not survive a daemon restart",
+                self.path, exc)
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("ingest: the state file %s is written again", self.path)
+            self._failing = False
+        return True

@@ -1,0 +1,236 @@
+"""The ingest source's time accounting, event by event through the wire models and the rendered exposition: elapsed
+and untracked, sessions and downtime, redone steps, FLOPs, the deprecated phase, and the state file across a daemon
+restart (the whole job under torchrun is tests/test_restart_accounting.py)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+from conftest import ManualClock, samples
+
+from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.ingest.models import EventBatch
+from exporter.sources.ingest.state import IngestState
+from exporter.sources.ingest.statefile import FILE_NAME, StateFile
+
+START = 1_760_000_000.0
+W, R = "llama", "0"
+
+
+def state(tmp_path: Path | None = None, clock: ManualClock | None = None, **options: object) -> IngestState:
+    return IngestState(32, 512, 600.0, clock or ManualClock(START),
+                       state_file=StateFile(str(tmp_path)) if tmp_path else None, **options)  # type: ignore[arg-type]
+
+
+def send(ingest: IngestState, *events: dict) -> None:
+    full = [{"workload": W, "rank": 0, **e} for e in events]
+    ingest.apply(EventBatch.model_validate_json(json.dumps({"events": full})).events)
+
+
+def start(started_at: float, restart: bool = False, **extra: object) -> dict:
+    return {"type": "lifecycle", "event": "restart" if restart else "start", "elapsed_seconds": 0.0,
+            "started_at": started_at, **extra}
+
+
+def phase(name: str, seconds: float, elapsed: float | None) -> dict:
+    event: dict = {"type": "phase", "phase": name, "seconds": seconds}
+    if elapsed is not None:
+        event["elapsed_seconds"] = elapsed
+    return event
+
+
+def step(number: int | None, duration: float, elapsed: float | None = None, **extra: object) -> dict:
+    event: dict = {"type": "step", "duration_seconds": duration, **extra}
+    if number is not None:
+        event["step"] = number
+    if elapsed is not None:
+        event["elapsed_seconds"] = elapsed
+    return event
+
+
+def metrics(ingest: IngestState) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    return samples(Renderer().render(ingest.snapshot(), TEXT).decode())
+
+
+def of(found: dict, name: str, **labels: str) -> float:
+    return found[(name, frozenset({"workload": W, "rank": R, **labels}.items()))]
+
+
+def phases_sum(found: dict) -> float:
+    return sum(v for (name, labels), v in found.items()
+               if name == "goodput_phase_seconds_total" and dict(labels)["workload"] == W)
+
+
+def run_steps(ingest: IngestState, first: int, last: int, at: float, durations: dict[int, float]) -> float:
+    """Steps first..last, each a 1 s compute phase, a 0.2 s data wait and 0.3 s between phases (untracked);
+    returns the elapsed after the last."""
+    for number in range(first, last + 1):
+        at += 0.2
+        send(ingest, phase("data_wait", 0.2, at))
+        at += 1.0
+        send(ingest, phase("compute", 1.0, at))
+        at += 0.3
+        durations.setdefault(number, 1.5)
+        send(ingest, step(number, 1.5, at, flops=2e12))
+    return at
+
+
+def test_elapsed_is_every_phase_plus_untracked_and_the_deprecated_phase_counts_as_checkpoint_save() -> None:
+    ingest = state()
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 4, 0.0, {})
+    send(ingest, phase("checkpoint", 2.0, at + 2.5))  # 0.5 s untracked before it
+    found = metrics(ingest)
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(at + 2.5)
+    assert phases_sum(found) == pytest.approx(at + 2.5)
+    assert of(found, "goodput_phase_seconds_total", phase="untracked") == pytest.approx(4 * 0.3 + 0.5)
+    assert of(found, "goodput_phase_seconds_total", phase="checkpoint_save") == 2.0
+    assert ("goodput_phase_seconds_total", frozenset({"workload": W, "rank": R, "phase": "checkpoint"}.items())) \
+        not in found
+    assert of(found, "goodput_model_flops_total", dtype="bf16") == 4 * 2e12
+    assert of(found, "goodput_step_number") == 4
+
+
+def test_a_step_inside_a_phase_cannot_make_untracked_shrink() -> None:
+    """`with step(): with phase("compute"):` sends the step inside the phase on a client that sends elapsed with it
+    (an older one); untracked never goes down, and the total stays exact."""
+    ingest = state()
+    send(ingest, start(START))
+    send(ingest, step(1, 1.0, 1.0))  # ended inside a compute phase that ends at 1.2
+    assert of(metrics(ingest), "goodput_phase_seconds_total", phase="untracked") == pytest.approx(1.0)
+    send(ingest, phase("compute", 1.2, 1.2))
+    found = metrics(ingest)
+    assert of(found, "goodput_phase_seconds_total", phase="untracked") == pytest.approx(1.0)
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(2.2) == phases_sum(found)
+
+
+def test_an_older_client_without_elapsed_has_no_untracked() -> None:
+    ingest = state()
+    send(ingest, {"type": "lifecycle", "event": "start"}, phase("compute", 3.0, None), step(None, 3.0))
+    found = metrics(ingest)
+    assert of(found, "goodput_phase_seconds_total", phase="untracked") == 0
+    assert of(found, "goodput_elapsed_seconds_total") == 3.0
+
+
+def test_a_rank_first_heard_of_mid_run_counts_from_there() -> None:
+    """A daemon started (without state) while a job runs: the hours before are not charged as untracked."""
+    ingest = state()
+    send(ingest, phase("compute", 2.0, 7200.0))
+    found = metrics(ingest)
+    assert of(found, "goodput_phase_seconds_total", phase="untracked") == 0
+    assert of(found, "goodput_elapsed_seconds_total") == 2.0
+
+
+def crash_and_resume(ingest: IngestState, clock: ManualClock, durations: dict[int, float]) -> tuple[float, float]:
+    """Steps 1..10, down 42 s, restarted from step 8's checkpoint, steps 9..12; returns (first, second) elapsed."""
+    send(ingest, start(START))
+    first = run_steps(ingest, 1, 10, 0.0, durations)
+    clock.advance(first + 42.0)
+    restarted = START + first + 42.0
+    send(ingest, start(restarted, restart=True, resumed_from_step=8), phase("checkpoint_restore", 0.5, 0.5))
+    second = run_steps(ingest, 9, 12, 0.5, {k: 9.9 for k in range(9, 13)})  # redone steps are not re-remembered
+    return first, second
+
+
+def test_a_restart_charges_its_downtime_and_the_redone_steps() -> None:
+    clock = ManualClock(START)
+    ingest = state(clock=clock)
+    durations: dict[int, float] = {}
+    first, second = crash_and_resume(ingest, clock, durations)
+    found = metrics(ingest)
+    assert of(found, "goodput_downtime_seconds_total") == pytest.approx(42.0)
+    assert of(found, "goodput_wasted_steps_total") == 2
+    assert of(found, "goodput_wasted_seconds_total") == pytest.approx(durations[9] + durations[10])
+    assert of(found, "goodput_wasted_compute_seconds_total") == pytest.approx(2.0)
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(first + second) == pytest.approx(
+        phases_sum(found))
+    assert of(found, "goodput_workload_restarts_total") == 1
+    assert of(found, "goodput_step_number") == 12
+
+
+def test_a_restart_that_names_no_step_is_told_by_its_first_step_number() -> None:
+    clock = ManualClock(START)
+    ingest = state(clock=clock)
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 6, 0.0, {})
+    send(ingest, start(START + at + 5.0, restart=True))
+    run_steps(ingest, 5, 6, 0.0, {})  # went back to the state after step 4
+    found = metrics(ingest)
+    assert of(found, "goodput_wasted_steps_total") == 2
+    assert of(found, "goodput_wasted_seconds_total") == pytest.approx(3.0)
+    assert of(found, "goodput_downtime_seconds_total") == pytest.approx(5.0)
+
+
+def test_a_new_run_under_the_same_name_is_no_restart() -> None:
+    """A job launched again ("start", not "restart"): its step 1 is not a redone step, the gap not downtime."""
+    ingest = state()
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 6, 0.0, {})
+    send(ingest, start(START + at + 3600.0))
+    run_steps(ingest, 1, 3, 0.0, {})
+    found = metrics(ingest)
+    assert of(found, "goodput_wasted_steps_total") == 0
+    assert of(found, "goodput_downtime_seconds_total") == 0
+    assert of(found, "goodput_step_number") == 3
+
+
+def test_redone_steps_older_than_the_history_are_counted_without_seconds(caplog: pytest.LogCaptureFixture) -> None:
+    ingest = state(step_history=4)
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 100, 0.0, {})
+    with caplog.at_level(logging.WARNING):
+        send(ingest, start(START + at + 1.0, restart=True, resumed_from_step=2))
+    found = metrics(ingest)
+    assert of(found, "goodput_wasted_steps_total") == 98
+    kept = of(found, "goodput_wasted_seconds_total") / 1.5
+    assert 4 <= kept < 98 and kept == pytest.approx(round(kept))  # what the history kept (trimmed in chunks)
+    assert "ingest.step_history" in caplog.text
+
+
+def test_the_accounting_survives_a_daemon_restart_between_crash_and_resume(tmp_path: Path) -> None:
+    clock = ManualClock(START)
+    before = state(tmp_path, clock)
+    send(before, start(START))
+    durations: dict[int, float] = {}
+    first = run_steps(before, 1, 10, 0.0, durations)
+    before.save(force=True)  # what the daemon does on SIGTERM
+    clock.advance(first + 60.0)
+    after = state(tmp_path, clock)
+    send(after, start(START + first + 60.0, restart=True, resumed_from_step=8))
+    second = run_steps(after, 9, 12, 0.0, {})
+    found = metrics(after)
+    assert of(found, "goodput_downtime_seconds_total") == pytest.approx(60.0)
+    assert of(found, "goodput_wasted_steps_total") == 2
+    assert of(found, "goodput_wasted_seconds_total") == pytest.approx(durations[9] + durations[10])
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(first + second)
+    assert of(found, "goodput_phase_seconds_total", phase="compute") == pytest.approx(14.0)  # 10 + 4, once each
+
+
+@pytest.mark.parametrize("content", [b"\x00garbage{", b'{"version": 1, "accounts": {"no": "list"}}',
+                                     b'{"version": 1, "accounts": [{"workload": "w", "rank": "0", "account": {}}]}'])
+def test_a_corrupt_state_file_is_counted_set_aside_and_replaced(tmp_path: Path, content: bytes,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    (tmp_path / FILE_NAME).write_bytes(content)
+    with caplog.at_level(logging.ERROR):
+        ingest = state(tmp_path)
+    found = samples(Renderer().render(ingest.snapshot(), TEXT).decode())
+    assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "corrupt"}.items()))] == 1
+    assert "corrupt" in caplog.text or "malformed" in caplog.text
+    send(ingest, start(START), phase("compute", 1.0, 1.0))
+    ingest.save(force=True)
+    saved = json.loads((tmp_path / FILE_NAME).read_text())
+    assert saved["version"] == 1 and [a["workload"] for a in saved["accounts"]] == [W]
+
+
+def test_an_unwritable_state_dir_is_counted_and_the_daemon_goes_on(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    ingest = state(blocker)
+    send(ingest, start(START), phase("compute", 1.0, 1.0))
+    ingest.save(force=True)
+    found = metrics(ingest)
+    assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "unwritable"}.items()))] == 1
+    assert of(found, "goodput_phase_seconds_total", phase="compute") == 1.0
