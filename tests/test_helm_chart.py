@@ -310,6 +310,13 @@ def test_host_mounts(chart: helm.Chart) -> None:
     assert env["GOODPUT_KUBELET_SOCKET_PATH"] == "/var/lib/kubelet/pod-resources/kubelet.sock"
     assert env["GOODPUT_HOST_PROC_PATH"] == "/host/proc"
     assert (env["NVIDIA_VISIBLE_DEVICES"], env["NVIDIA_DRIVER_CAPABILITIES"]) == ("all", "utility")
+    # the restart accounting outlives the pod: a host directory, written by the daemon
+    assert volumes["ingest-state"]["hostPath"] == {"path": "/var/lib/goodput-exporter", "type": "DirectoryOrCreate"}
+    assert mounts["ingest-state"]["mountPath"] == env["GOODPUT_INGEST_STATE_DIR"] == "/var/lib/goodput-exporter"
+    assert not mounts["ingest-state"].get("readOnly")
+    in_memory = render(chart, {"ingest": {"stateHostDir": ""}})
+    assert "ingest-state" not in {v["name"] for v in pod_spec(in_memory)["volumes"]}
+    assert "GOODPUT_INGEST_STATE_DIR" not in env_of(in_memory)
 
 
 def test_gpu_node_scheduling(chart: helm.Chart) -> None:

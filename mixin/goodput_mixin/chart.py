@@ -165,7 +165,8 @@ def values_schema() -> dict[str, Any]:
         "extraArgs": {"type": "array", "items": _STR}, "extraEnv": _LIST,
         "port": {"type": "integer", "minimum": 1, "maximum": 65535},
         "livenessProbe": _PROBE, "readinessProbe": _PROBE,
-        "ingest": _object({"enabled": _BOOL, "hostDir": _ABS_PATH}),
+        "ingest": _object({"enabled": _BOOL, "hostDir": _ABS_PATH,
+                           "stateHostDir": {"type": "string", "pattern": "^(/.*)?$"}}),  # "": in memory only
         "flight": _object({"enabled": _BOOL, "hostDir": _ABS_PATH}),
         "kubelet": _object({
             "enabled": _BOOL, "podResourcesHostDir": _ABS_PATH,
