@@ -23,13 +23,18 @@ import pytest
 from conftest import ROOT, LiveServer, free_port, live_server, quick_config, value, wait_for
 from goodput_client import contract
 from goodput_client.contract import (
+    DEPRECATED_PHASES,
     EVENT_TYPES,
     EVENTS_PATH,
+    FLOPS_DTYPES,
     LIFECYCLE_EVENTS,
     MAX_COUNT,
+    MAX_ELAPSED,
+    MAX_FLOPS,
     MAX_RANK,
     MAX_SECONDS,
     PHASES,
+    UNTRACKED_PHASE,
     batch_body,
     encode,
     lifecycle_event,
@@ -218,9 +223,13 @@ def test_a_url_with_a_path_and_a_token() -> None:
     assert (telemetry.sent, telemetry.dropped) == (4, 0)
     assert {(r.path, r.authorization, r.content_type) for r in received} == {
         ("/goodput/v1/events", "Bearer s3cret", "application/json")}
-    assert [e for r in received for e in r.events] == [
-        lifecycle_event("run-1", 3, "start"), step_event("run-1", 3, 0.25, 7, 1),
-        phase_event("run-1", 3, "other", 0.5), lifecycle_event("run-1", 3, "end")]
+    events = [e for r in received for e in r.events]
+    elapsed = [e.pop("elapsed_seconds") for e in events]  # exact figures: tests/test_client_accounting.py
+    assert elapsed[0] == 0 and elapsed == sorted(elapsed)
+    assert events == [
+        lifecycle_event("run-1", 3, "start", started_at=telemetry.started_at),
+        step_event("run-1", 3, 0.25, 7, 1, step=1), phase_event("run-1", 3, "other", 0.5),
+        lifecycle_event("run-1", 3, "end")]
 
 
 def test_an_unknown_lifecycle_event_is_dropped_before_it_spoils_a_batch(tmp_path: Path) -> None:
@@ -309,6 +318,18 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
 LIMITS = "limits"
 WITHIN_CONTRACT = {
     "every phase": [phase_event(LIMITS, 1, phase, 1.0) for phase in PHASES],
+    "every deprecated phase": [phase_event(LIMITS, 1, phase, 1.0) for phase in DEPRECATED_PHASES],
+    "every optional key": [
+        lifecycle_event(LIMITS, 6, "start", elapsed_seconds=0.0, started_at=1.7e9, resumed_from_step=0),
+        phase_event(LIMITS, 6, "compute", 1.0, elapsed_seconds=1.0),
+        step_event(LIMITS, 6, 1.0, 10, 1, step=1, flops=1e15, dtype="bf16", elapsed_seconds=1.5),
+        lifecycle_event(LIMITS, 6, "restart", elapsed_seconds=2.0, resumed_from_step=1),
+        lifecycle_event(LIMITS, 6, "end", elapsed_seconds=2.5)],
+    "every dtype": [step_event(LIMITS, 7, 1.0, step=n + 1, flops=1.0, dtype=dtype)
+                    for n, dtype in enumerate(FLOPS_DTYPES)],
+    "the new keys' limits": [step_event(LIMITS, 8, 1.0, step=MAX_COUNT, flops=MAX_FLOPS, elapsed_seconds=MAX_ELAPSED),
+                             step_event(LIMITS, 8, 1.0, flops=0.0, elapsed_seconds=0.0),
+                             lifecycle_event(LIMITS, 8, "restart", resumed_from_step=MAX_COUNT)],
     "every lifecycle event": [lifecycle_event(LIMITS, 2, event) for event in LIFECYCLE_EVENTS],
     "MAX_SECONDS": [phase_event(LIMITS, 3, "compute", MAX_SECONDS), step_event(LIMITS, 3, MAX_SECONDS)],
     "zero and negative times, clamped": [step_event(LIMITS, 4, 0.0), step_event(LIMITS, 4, -1.0),
@@ -329,6 +350,16 @@ BEYOND_CONTRACT = {
     "a workload too long": [step_event("w" * 129, 0, 1.0)],
     "a workload starting with punctuation": [step_event("-w", 0, 1.0)],
     "another key": [{**step_event(LIMITS, 9, 1.0), "epoch": 1}],
+    "the untracked phase, never sent": [phase_event(LIMITS, 9, UNTRACKED_PHASE, 1.0)],
+    "step 0": [step_event(LIMITS, 9, 1.0, step=0)],
+    "a step over MAX_COUNT": [step_event(LIMITS, 9, 1.0, step=MAX_COUNT + 1)],
+    "negative flops": [step_event(LIMITS, 9, 1.0, flops=-1.0)],
+    "flops over MAX_FLOPS": [step_event(LIMITS, 9, 1.0, flops=math.nextafter(MAX_FLOPS, math.inf))],
+    "an unknown dtype": [step_event(LIMITS, 9, 1.0, flops=1.0, dtype="int8")],
+    "elapsed over MAX_ELAPSED": [phase_event(LIMITS, 9, "compute", 1.0,
+                                             elapsed_seconds=math.nextafter(MAX_ELAPSED, math.inf))],
+    "a negative resumed_from_step": [lifecycle_event(LIMITS, 9, "restart", resumed_from_step=-1)],
+    "started_at 0": [lifecycle_event(LIMITS, 9, "start", started_at=0.0)],
 }
 
 

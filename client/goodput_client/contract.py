@@ -26,9 +26,10 @@ The keys of the second lines are optional (older clients send none of them):
     elapsed_seconds    0 <= T <= MAX_ELAPSED: the sending process's time since its reporter started (its
                        "start" event), at the end of the event's span. The daemon counts a rank's elapsed time
                        from it, and the part that no phase covers as the phase "untracked".
-    started_at         U > 0, Unix time: the wall clock at elapsed 0 ("start" only). A "start" begins a new
-                       process session of the rank: the gap since its previous session's last event is
-                       downtime.
+    started_at         U > 0, Unix time: the wall clock at elapsed 0, on the first event of a process ("start",
+                       or "restart" for a process started again after a failure). It begins a new process
+                       session of the rank: after a "restart", the gap since the previous session's last
+                       event is downtime; a "start" is a new run, whose steps count from scratch.
     resumed_from_step  0 <= N <= MAX_COUNT ("start" or "restart"): the checkpoint the process resumed from
                        holds the state after step N; steps numbered above N that the rank had completed
                        before are redone (wasted progress).

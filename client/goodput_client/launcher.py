@@ -26,6 +26,7 @@ from collections.abc import Mapping
 
 from .contract import MAX_RANK, WORKLOAD_PATTERN
 
+RESTART_COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")  # set by torchrun's agent, by Slurm on requeue
 NO_RUN_ID = "none"  # torchrun's --rdzv-id when none was given: shared by unrelated jobs, not a name
 VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "SLURM_PROCID")
 
@@ -75,3 +76,13 @@ def rank_from(env: Mapping[str, str]) -> int | None:
                 return int(text)
             return None  # present but not a rank: do not fall through to another launcher's idea
     return None
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """How many times the launcher restarted this process's job (torchrun's TORCHELASTIC_RESTART_COUNT, Slurm's
+    SLURM_RESTART_COUNT); 0 when neither says, or says something that is not a count."""
+    for name in RESTART_COUNTS:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0

@@ -4,6 +4,9 @@ Never raises into the loop and never blocks it: the loop only appends to a bound
 which a background thread sends in batches. When the daemon is absent or slow, events are dropped and
 counted (`Telemetry.dropped`); the loop does not notice.
 
+Every event carries the process's elapsed time since its Telemetry started (`elapsed_seconds`), so the
+daemon can account for every second of the rank: the seconds no phase covers are its "untracked" phase.
+
 Imports only what `import goodput_client` must: the launcher variables, the HTTP transport, JSON and
 logging are imported when a Telemetry is created or first needs them.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import operator
 import os
 import sys
 import threading
@@ -19,17 +23,21 @@ import time
 from bisect import bisect_left
 
 from .contract import (
+    DEFAULT_FLOPS_DTYPE,
     DEFAULT_SOCKET,
     DEFAULT_TPOT_OBJECTIVE,
     DEFAULT_TTFT_OBJECTIVE,
+    DEPRECATED_PHASES,
     EVENTS_PATH,
     FALLBACK_FINISH_REASON,
     FALLBACK_PHASE,
     FINISH_REASONS,
     FLIGHT_DUMP_PREFIX,
+    FLOPS_DTYPES,
     ITL_BUCKETS,
     LIFECYCLE_EVENTS,
     MAX_COUNT,
+    MAX_FLOPS,
     MAX_SECONDS,
     MODEL_PATTERN,
     PHASES,
@@ -100,23 +108,34 @@ class _Phase:
         self._started = 0.0
 
     def __enter__(self) -> _Phase:
+        self._telemetry._open.append(None)  # list.append and pop: atomic, where `+= 1` is not
         self._started = _perf()
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        self._telemetry._put(("phase", self._name, _perf() - self._started))
+        now = _perf()  # the phase's end: its length and its elapsed time from the same reading
+        telemetry = self._telemetry
+        try:  # noqa: SIM105 - the hot path: contextlib.suppress would cost a call and an object
+            telemetry._open.pop()
+        except IndexError:  # left without being entered: nothing to close, nothing to raise
+            pass
+        telemetry._put(("phase", self._name, now - self._started, now - telemetry._t0))
 
 
 class _Step:
-    """One training step; `tokens` and `samples` may be set inside the block, once the batch is known."""
+    """One training step; `tokens`, `samples`, `flops` (and `step`, its global number) may be set inside
+    the block, once the batch is known."""
 
-    __slots__ = ("_started", "_telemetry", "samples", "tokens")
+    __slots__ = ("_started", "_telemetry", "flops", "samples", "step", "tokens")
 
-    def __init__(self, telemetry: Telemetry, tokens: int, samples: int) -> None:
+    def __init__(self, telemetry: Telemetry, tokens: int, samples: int, step: int | None,
+                 flops: float | None) -> None:
         self._telemetry = telemetry
         self.tokens = tokens
         self.samples = samples
+        self.step = step
+        self.flops = flops
         self._started = 0.0
 
     def __enter__(self) -> _Step:
@@ -126,7 +145,10 @@ class _Step:
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if kind is None:  # a step that raised did not complete
-            self._telemetry._put(("step", _perf() - self._started, self.tokens, self.samples))
+            now = _perf()
+            telemetry = self._telemetry
+            telemetry._put_step(now - self._started, self.tokens, self.samples, self.step, self.flops,
+                                None if telemetry._open else now - telemetry._t0)
 
 
 class _Invalid(ValueError):
@@ -162,6 +184,29 @@ def _count(value: int, name: str) -> int:
 
 def _valid_objective(value: float) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 < value <= MAX_SECONDS
+
+
+def _whole(value: object, low: int) -> int | None:
+    """An int (or anything with __index__, a numpy integer) within [low, MAX_COUNT], else None; bool is not."""
+    if isinstance(value, bool):
+        return None
+    try:
+        number = operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+    return number if low <= number <= MAX_COUNT else None
+
+
+def _flops(value: object) -> float | None:
+    """A number of FLOPs as sent: finite, within [0, MAX_FLOPS] (NaN fails both bounds), else None. A number
+    is anything float() takes (a 0-d tensor too) but a string or a bool."""
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if 0.0 <= number <= MAX_FLOPS else None
 
 
 def judge(ttft_seconds: float | None, tpot_seconds: float | None, ttft_objective_seconds: float,
@@ -277,9 +322,30 @@ class Telemetry:
     or MASTER_ADDR:MASTER_PORT; RANK or SLURM_PROCID), else "default" and 0. Events go to `url` when
     given, else to the Unix socket `socket_path`, else $GOODPUT_INGEST_SOCKET_PATH, else DEFAULT_SOCKET.
 
+    Elapsed time starts at construction (`started_at`, Unix time, is its wall clock; the first event
+    carries both): each event carries the process's seconds since then, at the end of its span, so the
+    daemon counts every second of the rank, those no phase covers as "untracked". The first event is
+    "restart" when this process was started again after a failure (`resumed_from_step` given, or the
+    launcher's restart count, TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT, above 0): the daemon then
+    charges the time since the rank's previous process's last event as downtime. Otherwise it is "start",
+    a new run.
+
+    Steps are numbered globally, 1, 2, ... across restarts: `resumed_from_step=R` (an int >= 0) says the
+    checkpoint this process resumed from holds the state after step R, so its first step is R+1; the daemon
+    counts steps it saw before numbered above R as wasted progress. A step may name its number (`step=`),
+    which the next ones count on from.
+
+    Model FLOPs, for model FLOPs utilization: `flops_per_step`, or `flops_per_token` (times each step's
+    tokens; see `goodput_client.flops.decoder_flops_per_token`), not both; a step's own `flops=` wins.
+    `dtype` is the data type they run in, one of FLOPS_DTYPES ("bf16" by default), which the daemon
+    compares against the GPU's peak for that type.
+
     An inference server reports its requests with `request()` or `record_request()`, judged against
-    `ttft_objective_seconds` and `tpot_objective_seconds` unless a request names its own (ValueError here
-    when one is not within (0, MAX_SECONDS]: a configuration error, found at startup).
+    `ttft_objective_seconds` and `tpot_objective_seconds` unless a request names its own.
+
+    ValueError here, a configuration error found at startup, for: an objective not within
+    (0, MAX_SECONDS]; `resumed_from_step` not an int within [0, MAX_COUNT]; a FLOPs figure that is not a
+    finite number within [0, MAX_FLOPS], or both of them; a `dtype` not in FLOPS_DTYPES.
     """
 
     def __init__(
@@ -296,6 +362,10 @@ class Telemetry:
         timeout: float = 2.0,
         ttft_objective_seconds: float = DEFAULT_TTFT_OBJECTIVE,
         tpot_objective_seconds: float = DEFAULT_TPOT_OBJECTIVE,
+        resumed_from_step: int | None = None,
+        flops_per_step: float | None = None,
+        flops_per_token: float | None = None,
+        dtype: str = DEFAULT_FLOPS_DTYPE,
     ) -> None:
         from .transport import Transport
 
@@ -303,6 +373,23 @@ class Telemetry:
                                 ("tpot_objective_seconds", tpot_objective_seconds)):
             if not _valid_objective(objective):
                 raise ValueError(f"{name}={objective!r}: expected seconds within (0, {MAX_SECONDS}]")
+        resumed = None if resumed_from_step is None else _whole(resumed_from_step, 0)
+        if resumed_from_step is not None and resumed is None:
+            raise ValueError(f"resumed_from_step={resumed_from_step!r}: expected an int within [0, {MAX_COUNT}]")
+        if flops_per_step is not None and flops_per_token is not None:
+            raise ValueError("flops_per_step and flops_per_token: give one or neither")
+        for name, figure in (("flops_per_step", flops_per_step), ("flops_per_token", flops_per_token)):
+            if figure is not None and _flops(figure) is None:
+                raise ValueError(f"{name}={figure!r}: expected a finite number within [0, {MAX_FLOPS:g}]")
+        if dtype not in FLOPS_DTYPES:
+            raise ValueError(f"dtype={dtype!r}: expected one of {', '.join(FLOPS_DTYPES)}")
+        self.resumed_from_step = resumed
+        self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
+        self.flops_per_token = None if flops_per_token is None else float(flops_per_token)
+        self.dtype = dtype
+        self._last_step = resumed or 0  # the number of the last step completed; the next counts on from it
+        self._steps_lock = threading.Lock()
+        self._open: list[None] = []  # one item per phase block (or data_wait wait) open now
         self.ttft_objective_seconds = float(ttft_objective_seconds)
         self.tpot_objective_seconds = float(tpot_objective_seconds)
         self._models: dict[str, bool] = {}  # model name -> whether it matches MODEL_PATTERN
@@ -330,7 +417,14 @@ class Telemetry:
         self._thread = threading.Thread(target=self._run, name="goodput-telemetry", daemon=True)
         self._thread.start()
         atexit.register(self.close)
-        self.lifecycle("start")
+        self._t0 = _perf()  # elapsed 0: every event's elapsed_seconds counts from here
+        self.started_at = time.time()  # the same instant on the wall clock
+        # a process started again after a failure: the daemon charges the gap since the rank's last event as
+        # downtime, and the steps after `resumed` it had seen as redone; a first "start" is a new run
+        from .launcher import restart_count
+
+        restarted = resumed is not None or restart_count(os.environ) > 0
+        self._put(("lifecycle", "restart" if restarted else "start", 0.0, resumed, self.started_at))
 
     # --- the hot path: called from the training loop ----------------------------------------------
 
@@ -340,37 +434,117 @@ class Telemetry:
             return
         self._queue.append(event)
 
-    def _warn_once(self, key: str, message: str, value: str) -> None:
+    def _warn_once(self, key: str, message: str, *values: object) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            _log().warning(message, value)
+            _log().warning(message, *values)
+
+    def _phase_name(self, name: str) -> str:
+        """The name recorded for a phase name not in PHASES: a deprecated one's replacement, else "other"."""
+        try:
+            replacement = DEPRECATED_PHASES.get(name)
+        except TypeError:  # unhashable
+            replacement = None
+        if replacement is not None:
+            self._warn_once(f"phase-{name}", "goodput telemetry: phase %r is deprecated and recorded as %r; "
+                            "use %r instead", name, replacement, replacement)
+            return replacement
+        self._warn_once("phase", "goodput telemetry: unknown phase %r recorded as 'other'", name)
+        return FALLBACK_PHASE
 
     def phase(self, name: str) -> _Phase:
-        """`with telemetry.phase("data_wait"):` — one of compute, data_wait, comm_wait, checkpoint,
-        startup, other. An unknown name is recorded as "other" (and logged once), never raised."""
+        """`with telemetry.phase("data_wait"):` — one of PHASES: compute, data_wait, comm_wait,
+        checkpoint_save, checkpoint_restore, compile, startup, other. The deprecated "checkpoint" is
+        recorded as "checkpoint_save", another name as "other" (each logged once), never raised.
+
+        The phase event carries the elapsed time at the block's end. While a phase block is open, a step
+        that ends carries none: the enclosing phase will account for those seconds when it ends."""
         if name not in _KNOWN_PHASES:
-            self._warn_once("phase", "goodput telemetry: unknown phase %r recorded as 'other'", name)
-            name = FALLBACK_PHASE
+            name = self._phase_name(name)
         return _Phase(self, name)
 
-    def step(self, tokens: int = 0, samples: int = 0) -> _Step:
-        """`with telemetry.step(tokens=..., samples=...):` around one training step."""
-        return _Step(self, tokens, samples)
+    def step(self, tokens: int = 0, samples: int = 0, step: int | None = None,
+             flops: float | None = None) -> _Step:
+        """`with telemetry.step(tokens=..., samples=...):` around one training step (a step that raises is
+        not recorded). `step`: its global number (else the last one's plus one; see the class); `flops`: its
+        model FLOPs (else the Telemetry's flops_per_step, or flops_per_token times `tokens`). All four may
+        also be set on the block's object inside it. A number not an int within [1, MAX_COUNT], or FLOPs
+        not a finite number within [0, MAX_FLOPS], are not sent (the step is; logged once)."""
+        return _Step(self, tokens, samples, step, flops)
 
     def record_phase(self, name: str, seconds: float) -> None:
-        self._put(("phase", name if name in _KNOWN_PHASES else FALLBACK_PHASE, float(seconds)))
+        """A phase of `seconds` that ends now (as `phase()` names it)."""
+        now = _perf()
+        if name not in _KNOWN_PHASES:
+            name = self._phase_name(name)
+        self._put(("phase", name, float(seconds), now - self._t0))
 
-    def record_step(self, duration_seconds: float, tokens: int = 0, samples: int = 0) -> None:
-        self._put(("step", float(duration_seconds), tokens, samples))
+    def record_step(self, duration_seconds: float, tokens: int = 0, samples: int = 0, step: int | None = None,
+                    flops: float | None = None) -> None:
+        """A step of `duration_seconds` that ends now (the arguments as `step()` takes them)."""
+        now = _perf()
+        self._put_step(float(duration_seconds), tokens, samples, step, flops,
+                       None if self._open else now - self._t0)
 
-    def lifecycle(self, event: str) -> None:
-        """"start", "restart" or "end". Another name is dropped (counted, logged once): the daemon would
-        reject the whole batch it travelled in."""
+    def _put_step(self, duration: float, tokens: int, samples: int, step: int | None, flops: float | None,
+                  elapsed: float | None) -> None:
+        self._put(("step", duration, tokens, samples, self._step_number(step), self._step_flops(flops, tokens),
+                   elapsed))
+
+    def _step_number(self, step: object) -> int | None:
+        """The number sent with a completed step, None for none; an explicit one resets the count."""
+        explicit = None if step is None else _whole(step, 1)
+        with self._steps_lock:
+            number = self._last_step = self._last_step + 1 if explicit is None else explicit
+        if step is not None and explicit is None:  # not sent; the count goes on as for a step without one
+            self._warn_once("step", "goodput telemetry: step number %s not sent: expected an int within "
+                            "[1, %d]", repr(step), MAX_COUNT)
+            return None
+        if number > MAX_COUNT:
+            self._warn_once("step", "goodput telemetry: step number %s not sent: expected an int within "
+                            "[1, %d]", number, MAX_COUNT)
+            return None
+        return number
+
+    def _step_flops(self, flops: object, tokens: object) -> float | None:
+        if flops is None:
+            if self.flops_per_step is not None:
+                return self.flops_per_step
+            if self.flops_per_token is None:
+                return None
+            try:
+                flops = self.flops_per_token * tokens  # type: ignore[operator]
+            except Exception:  # tokens not a number: the step itself will be refused for it
+                flops = None
+        checked = _flops(flops)
+        if checked is None:
+            self._warn_once("flops", "goodput telemetry: flops %s not sent: expected a finite number within "
+                            "[0, %g]", repr(flops), MAX_FLOPS)
+        return checked
+
+    def lifecycle(self, event: str, *, resumed_from_step: int | None = None) -> None:
+        """"start", "restart" or "end", with the elapsed time now. Another name is dropped (counted, logged
+        once): the daemon would reject the whole batch it travelled in.
+
+        `lifecycle("restart", resumed_from_step=N)`: this process reloaded the checkpoint holding the state
+        after step N (an int within [0, MAX_COUNT]); the next step is numbered N+1. With "end", or not such
+        an int, it is not sent (logged once) and the numbering goes on."""
+        now = _perf()
         if event not in LIFECYCLE_EVENTS:
             self.dropped += 1
             self._warn_once("lifecycle", "goodput telemetry: unknown lifecycle event %r dropped", event)
             return
-        self._put(("lifecycle", event))
+        resumed = None
+        if resumed_from_step is not None:
+            resumed = None if event == "end" else _whole(resumed_from_step, 0)
+            if resumed is None:
+                self._warn_once("resumed_from_step", "goodput telemetry: resumed_from_step=%s not sent with "
+                                "%r: expected an int within [0, %d], with 'start' or 'restart'",
+                                repr(resumed_from_step), event, MAX_COUNT)
+            else:
+                with self._steps_lock:
+                    self._last_step = resumed
+        self._put(("lifecycle", event, now - self._t0, resumed, None))  # started_at: the constructor's event only
 
     # --- inference requests ----------------------------------------------------------------------------
 
@@ -462,15 +636,21 @@ class Telemetry:
         self._warn_once("request", "goodput telemetry: a request dropped (%s)", f"model {model!r}: {problem}")
 
     def data_wait(self, iterable: Iterable[T]) -> Iterator[T]:
-        """Yield from `iterable` (e.g. a PyTorch DataLoader), timing each wait as data_wait."""
+        """Yield from `iterable` (e.g. a PyTorch DataLoader), timing each wait as data_wait. Each wait is
+        an open phase block, as in `phase()`: a step that ends during one carries no elapsed time."""
         iterator = iter(iterable)
+        open_now = self._open
         while True:
             started = _perf()
+            open_now.append(None)
             try:
                 item = next(iterator)
             except StopIteration:
                 return
-            self._put(("phase", "data_wait", _perf() - started))
+            finally:
+                open_now.pop()
+            now = _perf()
+            self._put(("phase", "data_wait", now - started, now - self._t0))
             yield item
 
     def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
@@ -514,11 +694,18 @@ class Telemetry:
     # --- the background sender --------------------------------------------------------------------
 
     def _encode(self, event: tuple) -> dict[str, object]:  # type: ignore[type-arg]
+        """The wire event of a queued tuple:
+            ("phase", name, seconds, elapsed)
+            ("step", duration, tokens, samples, number|None, flops|None, elapsed|None)
+            ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None)
+            ("request", ...)"""
         kind = event[0]
         if kind == "phase":
-            return phase_event(self.workload, self.rank, event[1], event[2])
+            return phase_event(self.workload, self.rank, event[1], event[2], elapsed_seconds=event[3])
         if kind == "step":
-            return step_event(self.workload, self.rank, event[1], event[2], event[3])
+            _, duration, tokens, samples, number, flops, elapsed = event
+            return step_event(self.workload, self.rank, duration, tokens, samples, step=number, flops=flops,
+                              dtype=self.dtype, elapsed_seconds=elapsed)
         if kind == "request":
             (_, model, ttft, tpot, e2e, queue, prompt, output, itl, itl_sum, reason, ttft_objective,
              tpot_objective) = event
@@ -526,7 +713,9 @@ class Telemetry:
                                  e2e_seconds=e2e, queue_seconds=queue, prompt_tokens=prompt,
                                  output_tokens=output, itl_counts=itl, itl_sum=itl_sum, finish_reason=reason,
                                  ttft_objective_seconds=ttft_objective, tpot_objective_seconds=tpot_objective)
-        return lifecycle_event(self.workload, self.rank, event[1])
+        _, name, elapsed, resumed, started_at = event
+        return lifecycle_event(self.workload, self.rank, name, elapsed_seconds=elapsed, started_at=started_at,
+                               resumed_from_step=resumed)
 
     def _send(self, batch: list[tuple]) -> str | None:  # type: ignore[type-arg]
         """Post one batch; None when the daemon accepted it, else what went wrong."""
