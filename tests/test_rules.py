@@ -18,7 +18,7 @@ from exporter.sources import CATALOG
 RULES = ROOT / "rules"
 TESTS = sorted((RULES / "tests").glob("*.test.yml"))
 _METRIC = re.compile(r"\b(goodput_[a-z0-9_]+)\b")
-_RECORDED = re.compile(r"\b([a-z_]+:goodput_[a-z0-9_]+:[a-z0-9_]+)\b")
+_RECORDED = re.compile(r"\b([a-z_]+:goodput_[a-z0-9_]+(?::[a-z0-9_]+)?)\b")
 
 
 def rules() -> list[dict]:
@@ -91,8 +91,10 @@ def test_every_name_a_rule_uses_exists() -> None:
 
 def test_names_follow_level_metric_operations() -> None:
     for rule in [r for r in rules() if "record" in r]:
-        level, metric, operations = rule["record"].split(":")
-        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and metric.startswith("goodput_") and operations
+        # a figure no operation over time made (workload:goodput_lifetime_ratio, of the counters' totals) names none
+        level, metric, *operations = rule["record"].split(":")
+        assert re.fullmatch(r"[a-z]+(_[a-z]+)*", level) and metric.startswith("goodput_"), rule["record"]
+        assert len(operations) <= 1 and all(operations), rule["record"]
 
 
 def test_settings_shape_the_rules(tmp_path: Path) -> None:
@@ -114,7 +116,8 @@ def test_settings_shape_the_rules(tmp_path: Path) -> None:
 
 def test_bad_settings_are_refused_with_the_key_named(tmp_path: Path) -> None:
     for text, needle in (("windows: [1h, 5m]\n", "windows"), ("window: [5m, 1h]\n", "window: unknown key"),
-                         ("node_label: 'no-dash'\n", "node_label"), ("memory_predict_window: soon\n", "soon")):
+                         ("node_label: 'no-dash'\n", "node_label"), ("memory_predict_window: soon\n", "soon"),
+                         ("wasted_progress_window: 1m\n", "wasted_progress_window")):
         settings = tmp_path / "settings.yaml"
         settings.write_text(text)
         result = cli("--settings", str(settings), "--out", str(tmp_path / "out"))
@@ -214,7 +217,7 @@ def alert_rules() -> list[dict]:
 
 def test_alerts_follow_the_conventions() -> None:
     names = [rule["alert"] for rule in alert_rules()]
-    assert len(names) == len(set(names)) == 23
+    assert len(names) == len(set(names)) == 25
     for rule in alert_rules():
         assert re.fullmatch(r"Goodput([A-Z][a-z0-9]*|GPU|ECC|XID)+", rule["alert"]), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning", "info")

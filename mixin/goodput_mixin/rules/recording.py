@@ -12,11 +12,17 @@ Built to stay cheap at 10,000 GPUs (bench/rules_scale.py):
   `slow_groups_interval` (1m), not at every evaluation.
 - Groups are kept small: Prometheus evaluates groups concurrently and the rules of one group in turn,
   so a group that reads what another records sees it one evaluation old.
+- What changes only when GPUs change hands (the peak FLOPS of each workload's GPUs) and the totals since a
+  workload started (lifetime goodput: the counters' last values, no range) are evaluated every
+  `slow_groups_interval` too. The seconds redone over `wasted_progress_window` are the average of the
+  short-window rate over it, times its length, like the long windows.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from goodput_client.contract import FLOPS_DTYPES
 
 from .settings import RulesSettings, seconds
 
@@ -248,6 +254,8 @@ def _workload_long(s: RulesSettings, long: str) -> list[Rule]:
         *_stragglers(s, own, long),
         {"record": f"workload:goodput_tokens:rate{long}",
          "expr": f"avg_over_time(workload:goodput_tokens:rate{short}[{long}])"},
+        {"record": f"workload:goodput_mfu_ratio:rate{long}",
+         "expr": f"avg_over_time(workload:goodput_mfu_ratio:rate{short}[{long}])"},
     ]
     if long == s.windows[-1]:
         rules += [
@@ -258,6 +266,108 @@ def _workload_long(s: RulesSettings, long: str) -> list[Rule]:
              "expr": f"deriv(workload:goodput_ratio:rate{short}[{s.goodput_trend_window}])"},
         ]
     return rules
+
+
+def _accounting(s: RulesSettings) -> list[Rule]:
+    """Per workload, from the daemon's accounting of each rank: downtime between a crash and the restart, and the
+    progress redone after it (the steps since the last checkpoint)."""
+    c, w = s.cluster_label, s.windows[0]
+    return [
+        # summed over the ranks, like the phases: seconds of the ranks' wall time
+        {"record": f"workload:goodput_wasted_compute_seconds:rate{w}",
+         "expr": f"sum by ({c}, workload) (rate(goodput_wasted_compute_seconds_total[{w}]))"},
+        {"record": f"workload:goodput_downtime_seconds:rate{w}",
+         "expr": f"sum by ({c}, workload) (rate(goodput_downtime_seconds_total[{w}]))"},
+        # the rank that redid most: the ranks of a synchronous job redo the same steps, so this is the job's
+        {"record": f"workload:goodput_wasted_seconds:rate{w}",
+         "expr": f"max by ({c}, workload) (rate(goodput_wasted_seconds_total[{w}]))"},
+    ]
+
+
+def _breakdown(s: RulesSettings) -> list[Rule]:
+    """Where a workload's wall time went (its ranks' elapsed time and downtime), in buckets that add to it: productive
+    compute, the compute of redone steps, every other phase (untracked included), downtime. Then each bucket's share."""
+    w = s.windows[0]
+    phases = f"workload:goodput_phase_seconds:rate{w}"
+    compute = f'sum without (phase) ({phases}{{phase="compute"}})'
+    wasted = f"workload:goodput_wasted_compute_seconds:rate{w}"
+    wall = f"workload:goodput_wall_seconds:rate{w}"
+    return [
+        {"record": wall,
+         "expr": "sum without (phase) (\n"
+                 f'  label_replace({phases}{{phase!="compute"}}, "bucket", "$1", "phase", "(.+)")\n)'},
+        # compute less what was redone; a rank's redone steps are counted at its restart, all at once, so in the
+        # window of a restart they can exceed its compute. Daemons that count no wasted progress: none.
+        {"record": wall,
+         "expr": f"clamp_min(\n  {compute}\n  - (\n    {wasted}\n    or\n    {compute} * 0\n  ),\n  0\n)",
+         "labels": {"bucket": "productive"}},
+        {"record": wall, "expr": wasted, "labels": {"bucket": "wasted_progress"}},
+        {"record": wall, "expr": f"workload:goodput_downtime_seconds:rate{w}", "labels": {"bucket": "downtime"}},
+        {"record": f"workload:goodput_breakdown_ratio:rate{w}",
+         "expr": f"{wall}\n  / ignoring (bucket) group_left ()\n  (sum without (bucket) ({wall}) > 0)"},
+    ]
+
+
+def _held(s: RulesSettings) -> str:
+    """One series per GPU and workload holding it (a GPU held by two workloads counts for each)."""
+    return f"max by ({s.cluster_label}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)"
+
+
+def _peak_flops(s: RulesSettings) -> list[Rule]:
+    """The peak FLOPS of each workload's GPUs, per data type. One join per data type: a GPU has a peak per type and
+    may be held by several workloads, and PromQL joins no many to many."""
+    c, n = s.cluster_label, s.node_label
+    return [
+        {"record": "workload:goodput_gpu_peak_flops:sum",
+         "expr": "\nor\n".join(
+             f"label_replace(\n  sum by ({c}, workload) (\n    {_held(s)}\n    * on ({c}, {n}, uuid) group_left ()\n"
+             f'    goodput_gpu_peak_flops{{dtype="{dtype}"}}\n  ),\n  "dtype", "{dtype}", "", ""\n)'
+             for dtype in FLOPS_DTYPES)},
+    ]
+
+
+def _mfu(s: RulesSettings) -> list[Rule]:
+    c, w = s.cluster_label, s.windows[0]
+    return [
+        # model FLOPs per second over the peak of the workload's GPUs, in the data type they were declared in (a
+        # type the GPUs have no peak for counts nothing), summed over the types
+        {"record": f"workload:goodput_mfu_ratio:rate{w}",
+         "expr": f"sum by ({c}, workload) (\n  sum by ({c}, workload, dtype) (rate(goodput_model_flops_total[{w}]))\n"
+                 f"  / on ({c}, workload, dtype)\n  (workload:goodput_gpu_peak_flops:sum > 0)\n)"},
+    ]
+
+
+def _energy(s: RulesSettings) -> list[Rule]:
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    power = f"workload:goodput_gpu_power_watts:rate{w}"
+    return [
+        # the energy of the GPUs the workload's processes hold, whole (a GPU held by two workloads counts for each)
+        {"record": power,
+         "expr": f"sum by ({c}, workload) (\n  {_held(s)}\n  * on ({c}, {n}, uuid) group_left ()\n"
+                 f"  rate(goodput_gpu_energy_joules_total[{w}])\n)"},
+        {"record": f"workload:goodput_tokens_per_joule:rate{w}",
+         "expr": f"workload:goodput_tokens:rate{w}\n  / ({power} > 0)"},
+        # every rank completes every step: the job's steps per second are any rank's (the fastest to report)
+        {"record": f"workload:goodput_joules_per_step:rate{w}",
+         "expr": f"{power}\n  / (max by ({c}, workload) (rate(goodput_steps_total[{w}])) > 0)"},
+    ]
+
+
+def _accounting_totals(s: RulesSettings) -> list[Rule]:
+    c, window, short = s.cluster_label, s.wasted_progress_window, s.windows[0]
+    compute, wasted, elapsed, downtime = (f"sum by ({c}, workload) ({metric})" for metric in (
+        'goodput_phase_seconds_total{phase="compute"}', "goodput_wasted_compute_seconds_total",
+        "goodput_elapsed_seconds_total", "goodput_downtime_seconds_total"))
+    return [
+        # since each rank first reported (the daemon keeps its counters across restarts): productive compute over
+        # the wall time, downtime and redone steps included. The counters' last values: no range is read.
+        {"record": "workload:goodput_lifetime_ratio",
+         "expr": f"(\n  {compute}\n  - {wasted}\n)\n/ (\n  (\n    {elapsed}\n    + {downtime}\n  ) > 0\n)"},
+        # seconds redone over the window: the short-window rate averaged over it, times its length (for a workload
+        # younger than the window, what it redid scaled to the window: the same share of its time)
+        {"record": f"workload:goodput_wasted_seconds:increase{window}",
+         "expr": f"avg_over_time(workload:goodput_wasted_seconds:rate{short}[{window}]) * {seconds(window)}"},
+    ]
 
 
 def _collective(s: RulesSettings) -> list[Rule]:
@@ -439,6 +549,13 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.fabric_cluster", "rules": _fabric_cluster(s)},
         {"name": "goodput.workload_node", "rules": _workload_node(s)},
         {"name": "goodput.workload_fabric", "rules": _workload_fabric(s)},
+        # the wall-time breakdown reads the phases (goodput.workload) and the accounting; MFU the peaks (slow)
+        {"name": "goodput.accounting", "rules": _accounting(s)},
+        {"name": "goodput.breakdown", "rules": _breakdown(s)},
+        {"name": "goodput.mfu", "rules": _mfu(s)},
+        {"name": "goodput.energy", "rules": _energy(s)},
+        {"name": "goodput.peak_flops", "interval": s.slow_groups_interval, "rules": _peak_flops(s)},
+        {"name": "goodput.accounting_totals", "interval": s.slow_groups_interval, "rules": _accounting_totals(s)},
     ]
     # the class reads the averages the first two record (one evaluation old), the shares the class
     groups += _groups(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",

@@ -108,6 +108,17 @@ class RulesSettings(BaseModel):
     goodput_drop_ratio: float = Field(
         0.3, gt=0, lt=1, description="GoodputDrop: tokens/s or goodput this much below the workload's baseline.")
     goodput_drop_for: str = Field("15m", description="GoodputDrop: for how long.")
+    wasted_progress_window: str = Field(
+        "1h", description="GoodputWastedProgress: the window the seconds of steps redone after restarts are counted "
+        "over (workload:goodput_wasted_seconds:increase1h, the average of the short-window rate over it); at least "
+        "the short window.")
+    wasted_progress_ratio: float = Field(
+        0.05, gt=0, lt=1, description="GoodputWastedProgress: share of the window spent redoing steps lost to "
+        "restarts (the progress since the last checkpoint, each time).")
+    mfu_drop_ratio: float = Field(
+        0.2, gt=0, lt=1, description="GoodputMFUDrop: model FLOPs utilization this much below the workload's "
+        "baseline.")
+    mfu_drop_for: str = Field("15m", description="GoodputMFUDrop: for how long.")
     idle_while_allocated_ratio: float = Field(
         0.5, gt=0, le=1, description="GoodputGPUIdleWhileAllocated: idle share of an allocated GPU.")
     idle_while_allocated_for: str = Field("30m", description="GoodputGPUIdleWhileAllocated: for how long.")
@@ -234,7 +245,7 @@ class RulesSettings(BaseModel):
         return value
 
     @field_validator("slow_groups_interval", "memory_predict_window", "memory_predict_horizon",
-                     "goodput_trend_window", "goodput_drop_for",
+                     "goodput_trend_window", "goodput_drop_for", "wasted_progress_window", "mfu_drop_for",
                      "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
                      "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
@@ -265,6 +276,13 @@ class RulesSettings(BaseModel):
         if unknown:
             raise ValueError(f"unknown engine(s) {unknown}; known: {sorted(ENGINES)}")
         return value
+
+    @model_validator(mode="after")
+    def _check_wasted_progress_window(self) -> RulesSettings:
+        if seconds(self.wasted_progress_window) < seconds(self.windows[0]):
+            raise ValueError(f"wasted_progress_window: {self.wasted_progress_window} is shorter than the short "
+                             f"window {self.windows[0]}")
+        return self
 
     @model_validator(mode="after")
     def _check_inference(self) -> RulesSettings:

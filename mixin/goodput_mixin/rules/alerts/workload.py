@@ -1,16 +1,25 @@
-"""Alerts on a training workload: goodput drops, stragglers, collectives that hang or miss a rank.
-Group `goodput.alerts.workload`."""
+"""Alerts on a training workload: goodput drops, progress lost to restarts, MFU drops, stragglers, collectives that
+hang or miss a rank. Group `goodput.alerts.workload`."""
 
 from __future__ import annotations
 
-from ..settings import RulesSettings
+from ..settings import RulesSettings, seconds
 from .alert import Alert
+
+
+def _recorded(s: RulesSettings, record: str) -> str:
+    """The value of a workload's recorded series, as a percentage, in an annotation."""
+    c = s.cluster_label
+    return (f'{{{{ with printf "{record}{{{c}=%q,workload=%q}}" $labels.{c} $labels.workload | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}")
 
 
 def alerts(s: RulesSettings) -> list[Alert]:
     short, base = s.windows[0], s.windows[-1]
     node = s.node_label
     pct = "{{ $value | humanizePercentage }}"
+    wasted = s.wasted_progress_window
+    mfu = "workload:goodput_mfu_ratio:rate"
     return [
         Alert(
             "GoodputDrop", "goodput-drop.md", "critical",
@@ -21,6 +30,21 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "A training workload is making much less progress than it did.",
             f"Workload {{{{ $labels.workload }}}} is {pct} below its own {base} baseline (tokens/s or goodput) "
             f"for {s.goodput_drop_for}."),
+        Alert(
+            "GoodputWastedProgress", "wasted-progress.md", "warning",
+            f"workload:goodput_wasted_seconds:increase{wasted}\n  > {s.wasted_progress_ratio:g} * {seconds(wasted)}",
+            "0m",
+            "A training workload keeps redoing steps lost to restarts.",
+            f"Workload {{{{ $labels.workload }}}} redid {{{{ $value | humanizeDuration }}}} of steps in the last "
+            f"{wasted} (more than {s.wasted_progress_ratio * 100:g}% of it): the progress since its last checkpoint, "
+            "lost at each restart."),
+        Alert(
+            "GoodputMFUDrop", "mfu-drop.md", "warning",
+            f"1 - {mfu}{short} / ({mfu}{base} > 0) > {s.mfu_drop_ratio}",
+            s.mfu_drop_for,
+            "A training workload uses much less of its GPUs' peak FLOPS than it did.",
+            f"Workload {{{{ $labels.workload }}}}'s model FLOPs utilization is {_recorded(s, mfu + short)}, {pct} "
+            f"below its own {base} baseline of {_recorded(s, mfu + base)}, for {s.mfu_drop_for}."),
         Alert(
             "GoodputStraggler", "straggler.md", "critical",
             f"workload_rank:goodput_straggler_ratio:rate{short} > {s.straggler_ratio}",
