@@ -169,11 +169,20 @@ def link_to_workload_fabric() -> DataLink:
                     "&var-node=$__all&var-workload=${__field.labels.workload}")
 
 
+def fixed_color(color: str) -> model.DynamicConfigValue:
+    """An override property that draws the matched series in one colour (a Grafana colour name or #rrggbb)."""
+    return model.DynamicConfigValue(id_val="color", value={"mode": "fixed", "fixedColor": color})
+
+
 def timeseries_panel(title: str, description: str, unit: str, targets: list[Target], width: int = 12,
                      height: int = 8, stacked: bool = False, max_value: float | None = None,
-                     links: list[DataLink] | None = None) -> timeseries.Panel:
+                     links: list[DataLink] | None = None, colors: dict[str, str] | None = None) -> timeseries.Panel:
+    """`colors` fixes the colour of the series with each name (as its legend shows it), e.g. {"productive": "green"},
+    so a series keeps its colour whichever others are present."""
     panel = (timeseries.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
              .targets(_targets(targets)).span(width).height(height).min(0))
+    for name, color in (colors or {}).items():
+        panel = panel.override_by_name(name, [fixed_color(color)])
     if max_value is not None:
         panel = panel.max(max_value)
     if links:

@@ -1,5 +1,6 @@
-"""Level 6, Workload: one job's goodput and badput by phase, its ranks' step times, stragglers, collectives, and the
-network of the nodes it runs on."""
+"""Level 6, Workload: one job's goodput (now and over its lifetime), MFU, energy per token and per step, where its
+wall time went, badput by phase, its ranks' step times, stragglers, collectives, and the network of the nodes it
+runs on."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ from .kit import (
 
 LEVEL = LEVELS[5]
 
+# The buckets of workload:goodput_breakdown_ratio, each in a fixed colour: goodput green, lost progress and downtime
+# red, waiting on data or peers orange and purple, checkpoints blue, compile and startup yellow, the rest grey.
+BUCKET_COLORS = {
+    "productive": "green", "wasted_progress": "red", "data_wait": "orange", "comm_wait": "purple",
+    "checkpoint_save": "blue", "checkpoint_restore": "light-blue", "compile": "yellow", "startup": "light-yellow",
+    "other": "#8f8f8f", "untracked": "#c7c7c7", "downtime": "dark-red",
+}
+
 
 def build(names: Names) -> Dashboard:
     f = Filters(names, workload=True)
@@ -28,24 +37,51 @@ def build(names: Names) -> Dashboard:
     fabric = [link_to_workload_fabric()]
     d = new_dashboard(LEVEL, names, workload=True).with_row(row("Goodput"))
     d = d.with_panel(stat_panel(
-        f"Goodput ({short})", "Share of the job's accounted time spent computing, over the short window. Low "
-        "means the phases below eat the time.",
+        f"Goodput ({short})", "Share of the job's run time (the wall time its processes ran: every phase, untracked "
+        "time included) spent computing, over the short window. Low means the phases below eat the time. Downtime "
+        "and redone steps count only in Lifetime goodput and Where the time went.",
         "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "{{workload}}")], width=6))
     d = d.with_panel(stat_panel(
         f"Goodput ({long})", "The same over the baseline window. Short well below baseline: something changed "
         "recently (GoodputDrop fires on this).",
         "percentunit", [(f"{names.rule_long('workload', 'goodput_ratio', 'rate')}{f()}", "{{workload}}")], width=6))
     d = d.with_panel(stat_panel(
+        "Lifetime goodput", "Productive seconds (compute, less the compute of steps redone after a restart) over all "
+        "the wall time since the workload first started on the node, including the downtime between a crash and "
+        "the restart and the steps redone since the last checkpoint.",
+        "percentunit", [(f"workload:goodput_lifetime_ratio{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        "MFU", f"Model FLOPs utilization over the short window ({short}): the model FLOPs the job reported over the "
+        "peak dense tensor FLOPS of its GPUs in its declared data type. Empty when the job reports no FLOPs or "
+        "the GPU model's peak is unknown.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_mfu_ratio', 'rate')}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
         "Tokens per second", "Tokens the job processes per second over the short window. Compare with the drop "
-        "below.", "short", [(f"{names.rule('workload', 'goodput_tokens', 'rate')}{f()}", "{{workload}}")], width=6))
+        "beside.", "short", [(f"{names.rule('workload', 'goodput_tokens', 'rate')}{f()}", "{{workload}}")], width=6))
     d = d.with_panel(stat_panel(
         f"Tokens/s below the {long} baseline", "How far tokens per second are below the job's own baseline "
         f"(0.3 = 30% fewer). Above {s.goodput_drop_ratio:g} for long pages as GoodputDrop.",
         "percentunit", [(f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{long}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        "Tokens per joule", "Tokens the job processes per joule its GPUs draw, over the short window (tokens per "
+        "second over the power of the GPUs its processes hold).",
+        "short", [(f"{names.rule('workload', 'goodput_tokens_per_joule', 'rate')}{f()}", "{{workload}}")], width=6))
+    d = d.with_panel(stat_panel(
+        "Joules per step", "Energy the job's GPUs draw per training step, over the short window (their power over "
+        "the job's steps per second).",
+        "joule", [(f"{names.rule('workload', 'goodput_joules_per_step', 'rate')}{f()}", "{{workload}}")], width=6))
     d = d.with_panel(timeseries_panel(
-        "Goodput and badput by phase", "Share of the job's time per phase: compute is goodput; data_wait, "
-        "comm_wait, checkpoint, startup and other are badput. The largest badput band says which level to open: "
-        "data_wait -> Host, comm_wait -> Collectives.",
+        "Where the time went", "The job's wall time split into buckets that add to 100%: productive compute; "
+        "wasted_progress (compute of steps redone since the last checkpoint); the waits and overheads data_wait, "
+        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup and other; untracked (run time no phase "
+        "covers); downtime (between a crash and the restart). Wall time includes the downtime and the redone steps.",
+        "percentunit", [(f"{names.rule('workload', 'goodput_breakdown_ratio', 'rate')}{f()}", "{{bucket}}")],
+        stacked=True, max_value=1, width=24, colors=BUCKET_COLORS))
+    d = d.with_panel(timeseries_panel(
+        "Goodput and badput by phase", "Share of the job's run time per phase: compute is goodput; data_wait, "
+        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, other and untracked (time no phase "
+        "covers) are badput. The largest badput band says which level to open: data_wait -> Host, comm_wait -> "
+        "Collectives.",
         "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "compute (goodput)"),
                         (f"{names.rule('workload', 'goodput_badput_ratio', 'rate')}{f()}", "{{phase}}")],
         stacked=True, max_value=1, width=24))
