@@ -82,6 +82,11 @@ SLOW_EVALUATIONS = 3  # of each group with its own, longer interval (1m): the fi
 EVAL_INTERVAL = 30  # kube-prometheus-stack's default; Prometheus's own is 1m
 BLOCK = 2 * 3600  # promtool's block range: it reads its whole input once per block the history touches
 NAMESPACES = 20  # the workloads' pods, and the serving pods, are spread over this many namespaces
+# each rank's seconds per second in each phase (adding to 1 with untracked), and its accounting counters per second
+PHASE_SHARES = {"compute": 0.65, "data_wait": 0.1, "comm_wait": 0.15, "checkpoint_save": 0.04, "checkpoint_restore": 0,
+                "compile": 0, "startup": 0, "other": 0, "untracked": 0.06}
+ACCOUNTING = {"goodput_elapsed_seconds": 1.0, "goodput_downtime_seconds": 0.01, "goodput_wasted_seconds": 0.02,
+              "goodput_wasted_compute_seconds": 0.015}
 DCGM_RATIOS = {"sm": 0.9, "dram": 0.4, "tensor": 0.6, "fp16": 0.1, "fp32": 0.2, "fp64": 0.0}  # x busy
 CLUSTER = 'cluster="gpu-east-1"'  # every target's cluster label
 SERVING = {"vllm": 1400, "sglang": 400, "tgi": 200}  # serving pods per engine
@@ -230,7 +235,7 @@ def _recorded_labels(name: str) -> list[str]:
                 if signal in ENGINES[m.engine].signals]
     if level == "workload" and metric == "goodput_phase_seconds":
         return [f'{CLUSTER},workload="job{w}",phase="{p}"' for w in range(WORKLOADS)
-                for p in ("compute", "data_wait", "comm_wait", "checkpoint", "startup", "other")]
+                for p in PHASE_SHARES]
     if level == "workload" and not metric.startswith("goodput_inference"):
         return [f'{CLUSTER},workload="job{w}"' for w in range(WORKLOADS)]
     if level == "workload_rank":
@@ -347,7 +352,9 @@ def _write_history(path: Path, early: Path, now: int, long_inputs: dict[str, lis
                              ("goodput_collective_oldest_inflight_seconds", "gauge"),
                              ("goodput_flight_recorder_dump_timestamp_seconds", "gauge"),
                              *((f"goodput_gpu_{name}_active_ratio", "gauge") for name in DCGM_RATIOS),
-                             ("goodput_gpu_workload_info", "gauge"), ("goodput_gpu_pod_info", "gauge")):
+                             ("goodput_gpu_workload_info", "gauge"), ("goodput_gpu_pod_info", "gauge"),
+                             ("goodput_gpu_energy_joules", "counter"), ("goodput_gpu_peak_flops", "gauge"),
+                             *((name, "counter") for name in ACCOUNTING), ("goodput_model_flops", "counter")):
             out.write(f"# TYPE {family} {kind}\n")
             for node in range(NODES):
                 inst = f'{CLUSTER},instance="node{node}:9445",job="goodput-exporter"'
@@ -372,6 +379,12 @@ def _write_history(path: Path, early: Path, now: int, long_inputs: dict[str, lis
                             gauge(family, labels, 80 * 2**30)
                         elif family == "goodput_gpu_power_watts":
                             gauge(family, labels, round(100 + 500 * busy))
+                        elif family == "goodput_gpu_energy_joules":
+                            counter(f"{family}_total", labels, round(100 + 500 * busy))
+                        elif family == "goodput_gpu_peak_flops":  # an H100 SXM's datasheet figures
+                            for dtype, peak in (("fp64", 67e12), ("tf32", 494.5e12), ("fp16", 989.5e12),
+                                                ("bf16", 989.5e12), ("fp8", 1979e12)):
+                                gauge(family, f'{labels},dtype="{dtype}"', peak)
                         elif family == "goodput_gpu_ecc_errors":
                             for kind in ("corrected", "uncorrected"):
                                 counter(f"{family}_total", f'{labels},error_type="{kind}"', 0)
@@ -398,7 +411,8 @@ def _write_history(path: Path, early: Path, now: int, long_inputs: dict[str, lis
                 for pod in _serving():
                     gauge("up", pod.target, 1)
             if not family.startswith(("goodput_phase", "goodput_steps", "goodput_tokens", "goodput_step_",
-                                      "goodput_collective", "goodput_flight")):
+                                      "goodput_collective", "goodput_flight", "goodput_model_flops",
+                                      *ACCOUNTING)):
                 continue
             for workload in range(WORKLOADS):
                 for rank in range(RANKS):
@@ -406,9 +420,12 @@ def _write_history(path: Path, early: Path, now: int, long_inputs: dict[str, lis
                     labels = (f'{CLUSTER},instance="node{node}:9445",job="goodput-exporter",workload="job{workload}",'
                               f'rank="{rank}"')
                     if family == "goodput_phase_seconds":
-                        for phase, share in (("compute", 0.7), ("data_wait", 0.1), ("comm_wait", 0.15),
-                                             ("checkpoint", 0.05), ("startup", 0), ("other", 0)):
+                        for phase, share in PHASE_SHARES.items():
                             counter(f"{family}_total", f'{labels},phase="{phase}"', share)
+                    elif family in ACCOUNTING:
+                        counter(f"{family}_total", labels, ACCOUNTING[family])
+                    elif family == "goodput_model_flops":
+                        counter(f"{family}_total", f'{labels},dtype="bf16"', 4e14)
                     elif family == "goodput_steps":
                         counter(f"{family}_total", labels, 2)
                     elif family == "goodput_tokens":
