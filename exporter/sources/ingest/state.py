@@ -246,9 +246,8 @@ class IngestState:
             except (KeyError, TypeError, ValueError, AttributeError) as exc:
                 problems.append(f"{exc.__class__.__name__}: {exc}")
         if problems and self.state_file is not None:
-            self.state_file.errors["corrupt"] += 1
-            log.error("ingest: %d of the %d accounts in %s are malformed (first: %s); they start fresh",
-                      len(problems), len(items), self.state_file.path, problems[0])
+            self.state_file.quarantine(f"{len(problems)} of its {len(items)} accounts are malformed, the first: "
+                                       f"{problems[0]}", partly=True)
         if items:
             log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant),
                      self.state_file.path if self.state_file else "")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -35,16 +36,16 @@ class StateFile:
         """The accounts the file holds (each a dict with workload, rank and account); [] when there is none or it
         is unusable."""
         try:
-            text = self.path.read_text(encoding="utf-8")
+            data = self.path.read_bytes()
         except FileNotFoundError:
             log.info("ingest: no state file at %s; restart accounting starts fresh", self.path)
             return []
-        except (OSError, UnicodeDecodeError) as exc:
+        except OSError as exc:
             self.errors["unreadable"] += 1
             log.error("ingest: cannot read the state file %s (%s); restart accounting starts fresh", self.path, exc)
             return []
         try:
-            payload = json.loads(text)
+            payload = json.loads(data)  # not UTF-8 JSON: a ValueError, like any other corruption
             if not isinstance(payload, dict) or payload.get("version") != VERSION:
                 raise ValueError(f"not a version {VERSION} state file")
             accounts = payload["accounts"]
@@ -55,16 +56,20 @@ class StateFile:
             self.quarantine(str(exc))
             return []
 
-    def quarantine(self, problem: str) -> None:
-        """Count and log a corrupt file, and move it aside (the next write replaces it)."""
+    def quarantine(self, problem: str, partly: bool = False) -> None:
+        """Count and log a corrupt file, and keep it aside for a look: moved when nothing of it is used (the next
+        write replaces it), copied when the rest of it was (`partly`)."""
         self.errors["corrupt"] += 1
         aside = self.path.with_name(self.path.name + ".corrupt")
         try:
-            os.replace(self.path, aside)
+            if partly:
+                shutil.copyfile(self.path, aside)
+            else:
+                os.replace(self.path, aside)
         except OSError:
             aside = self.path
-        log.error("ingest: the state file %s is corrupt (%s), kept as %s; restart accounting starts fresh",
-                  self.path, problem, aside)
+        log.error("ingest: the state file %s is corrupt (%s), kept as %s; %s", self.path, problem, aside,
+                  "the rest of it is used" if partly else "restart accounting starts fresh")
 
     def save(self, accounts: list[dict[str, Any]]) -> bool:
         """Write atomically: a crash mid-write leaves the previous file whole."""
