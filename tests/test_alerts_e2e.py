@@ -13,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from conftest import value
+from goodput_mixin.demo.simjob import CRASH_AFTER, DOWN_SECONDS
 from goodput_mixin.demo.stack import WORKLOAD, Ports, Stack
 from goodput_mixin.rules.settings import seconds
 
@@ -83,15 +85,79 @@ def stack(tmp_path: Path) -> Iterator[tuple[Stack, Webhook]]:
     yield from _running(tmp_path)
 
 
+BADPUT_ALERTS = ("GoodputWastedProgress", "GoodputMFUDrop")
+
+
+def _alerts_seen(live: Stack, names: tuple[str, ...], seconds: float) -> list[dict[str, str]]:
+    """Every alert of `names` Prometheus had pending or firing in the last `seconds`."""
+    query = f'ALERTS{{alertname=~"{"|".join(names)}"}}[{int(seconds)}s]'
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    return [series["metric"] for series in response.json()["data"]["result"]]
+
+
+def _query(live: Stack, query: str) -> float:
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    result = response.json()["data"]["result"]
+    assert len(result) == 1, (query, result)
+    return float(result[0]["value"][1])
+
+
 def test_a_straggler_rank_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
+    """A healthy run first: its MFU is about the 40% the simulated job declares, and neither GoodputMFUDrop nor
+    GoodputWastedProgress is pending or firing in it. Then rank 2 computes 3x slower: GoodputStraggler pages for it
+    alone; every rank waits for it in the all-reduce, so the job's FLOPs per second fall by about 60% against its
+    baseline: GoodputMFUDrop. The healthy run lasts at least as long as the fault then takes to page them. Both
+    resolve once the rank is back to speed."""
     live, webhook = stack
     assert live.job is not None
+    healthy = 50.0
+    time.sleep(healthy)
+    assert _alerts_seen(live, BADPUT_ALERTS, healthy) == []
+    mfu = _query(live, f'workload:goodput_mfu_ratio:rate{live.settings.windows[0]}{{workload="{WORKLOAD}"}}')
+    assert 0.3 < mfu < 0.42, mfu
+    started = time.monotonic()
     live.job.set_straggler(2)
     alert = webhook.wait("firing", "GoodputStraggler", workload=WORKLOAD, rank="2")
     assert alert["severity"] == "critical"
     assert not [a for s, a in webhook.received if a["alertname"] == "GoodputStraggler" and a["rank"] != "2"]
+    assert webhook.wait("firing", "GoodputMFUDrop", workload=WORKLOAD)["severity"] == "warning"
+    assert time.monotonic() - started <= healthy, "the healthy run was shorter than the fault took to page"
     live.job.set_straggler(None)
     webhook.wait("resolved", "GoodputStraggler", workload=WORKLOAD, rank="2")
+    webhook.wait("resolved", "GoodputMFUDrop", workload=WORKLOAD)
+    assert not [a for _, a in webhook.received if a["alertname"] == "GoodputWastedProgress"]
+
+
+def test_a_crash_pages_for_the_progress_it_redid(stack: tuple[Stack, Webhook]) -> None:
+    """Every rank's process dies CRASH_AFTER steps after a checkpoint, is down DOWN_SECONDS, restarts from that
+    checkpoint and redoes those steps: GoodputWastedProgress pages; the daemon counts, for each rank, the steps the
+    job redid, the seconds they first took, the downtime and the restart."""
+    live, webhook = stack
+    job = live.job
+    assert job is not None
+    time.sleep(10)  # past the first checkpoints; Prometheus has seen the wasted counters at 0
+    started = time.monotonic()
+    at = job.crash()
+    alert = webhook.wait("firing", "GoodputWastedProgress", timeout=60, workload=WORKLOAD)
+    fired = time.monotonic() - started
+    assert alert["severity"] == "warning"
+    deadline = time.monotonic() + 30
+    while min(job.highest) <= at and time.monotonic() < deadline:  # every rank redid the lost steps, and one more
+        time.sleep(0.2)
+    assert job.crashes == [1] * live.ranks and job.redone == [CRASH_AFTER] * live.ranks
+    time.sleep(2)  # the daemon's next snapshot
+    metrics = httpx.get(f"{live.urls['exporter']}/metrics", timeout=10).text
+    for rank in range(live.ranks):
+        labels = {"workload": WORKLOAD, "rank": str(rank)}
+        assert value(metrics, "goodput_wasted_steps_total", **labels) == job.redone[rank]
+        assert value(metrics, "goodput_wasted_seconds_total", **labels) == pytest.approx(job.wasted_seconds[rank],
+                                                                                        rel=1e-6)
+        assert value(metrics, "goodput_workload_restarts_total", **labels) == 1
+        downtime = value(metrics, "goodput_downtime_seconds_total", **labels)
+        assert downtime is not None and DOWN_SECONDS <= downtime <= DOWN_SECONDS + 1, downtime
+    print(f"GoodputWastedProgress fired {fired:.1f}s after the crash was injected (step {at})")
 
 
 def test_a_skipped_collective_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:

@@ -37,6 +37,8 @@ ALLOWED_EMPTY: dict[tuple[str, str], str] = {
 
 SETTLE_SECONDS = 20  # the short window filled, so the 20s rules have values
 SKIP_SECONDS = 25  # rank 1 skips a collective this long: past the demo's 20 s hang threshold
+# Grafana's built-in variables as it would send them for the demo's windows.
+BUILTINS = {"__rate_interval": DEMO_SETTINGS.windows[0], "__interval": "5s"}
 
 
 def demo_dashboards() -> list[dict[str, Any]]:
@@ -105,10 +107,9 @@ def _has_data(prometheus: str, expr: str, start: float, end: float) -> bool:
 def test_no_dead_panels(ran: tuple[Stack, float, float]) -> None:
     live, start, end = ran
     prometheus = live.urls["prometheus"]
-    builtins = {"__rate_interval": DEMO_SETTINGS.windows[0], "__interval": "5s"}
     dead, alive = [], []
     for model in demo_dashboards():
-        values = {**query_values(model), **builtins}
+        values = {**query_values(model), **BUILTINS}
         for panel, target in targets(model):
             key = (model["uid"], panel["title"])
             (alive if _has_data(prometheus, substitute(target["expr"], values), start, end) else dead).append(
@@ -119,6 +120,33 @@ def test_no_dead_panels(ran: tuple[Stack, float, float]) -> None:
     alive_allowed = [a for a in alive if any(a.startswith(f"{u} / {t} [") for u, t in ALLOWED_EMPTY)]
     assert not alive_allowed, f"allowed to be empty but showed data: {alive_allowed}"
     assert len(alive) > 60
+
+
+# The buckets of workload:goodput_breakdown_ratio (issue 19): together they are the workload's wall time.
+BUCKETS = {"productive", "wasted_progress", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore",
+           "compile", "startup", "other", "untracked", "downtime"}
+
+
+def test_where_the_time_went_adds_to_100_percent(ran: tuple[Stack, float, float]) -> None:
+    """The workload dashboard's "Where the time went" shows the demo workload's wall time in every bucket, and its
+    stacked series add to 100% (± 1 point) at each point of the end of the run."""
+    live, start, end = ran
+    model = next(m for m in demo_dashboards() if m["uid"] == LEVELS[5].uid)
+    (_, target), = [(p, t) for p, t in targets(model) if p["title"] == "Where the time went"]
+    values = {**query_values(model), **BUILTINS}
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query_range", timeout=30, params={
+        "query": substitute(target["expr"], values), "start": max(start, end - 30), "end": end, "step": 2})
+    body = response.json()
+    assert body.get("status") == "success", body
+    series = [s for s in body["data"]["result"] if s["metric"].get("workload") == WORKLOAD]
+    assert {s["metric"].get("bucket") for s in series} == BUCKETS
+    totals: dict[float, float] = {}
+    for one in series:
+        for at, value in one["values"]:
+            totals[at] = totals.get(at, 0.0) + float(value)
+    assert totals
+    off = {at: total for at, total in totals.items() if abs(total - 1) > 0.01}
+    assert not off, f"buckets add to {sorted(off.items())} instead of 1 ± 0.01"
 
 
 def test_variables_offer_the_demo_values(ran: tuple[Stack, float, float]) -> None:

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from exporter.core.settings import parse_listen_address
 
+from .simjob import CHECKPOINT_EVERY, CRASH_AFTER, DOWN_SECONDS
 from .stack import SERVING, WORKLOAD, Ports, Stack, StackError
 
-FAULTS = ("straggler", "stall", "skip", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors", "link_down",
-          "link_flap", "symbol_errors", "congestion", "link_degraded", "overload")
+FAULTS = ("straggler", "stall", "skip", "crash", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors",
+          "link_down", "link_flap", "symbol_errors", "congestion", "link_degraded", "overload")
 OVERLOAD = 8.0  # times the serving engine's normal arrival rate
 # the GPU each GPU fault hits (ranks hold GPUs 0 to ranks-1; a fault on a held GPU shows on the job's dashboards)
 FAULT_GPU = {"xid": 0, "row_remap_pending": 1, "pcie_degraded": 2, "nvlink_errors": 3}
@@ -32,13 +33,19 @@ def _inject(stack: Stack, fault: str) -> str:
     assert job is not None
     if fault == "straggler":
         job.set_straggler(stack.ranks - 1)
-        return f"rank {stack.ranks - 1} of {WORKLOAD} computes 3x slower (GoodputStraggler)"
+        return (f"rank {stack.ranks - 1} of {WORKLOAD} computes 3x slower (GoodputStraggler; every rank waits for it, "
+                "the job's FLOPs per second fall: GoodputMFUDrop)")
     if fault == "stall":
         job.set_data_stall(True)
         return f"every rank of {WORKLOAD} waits 10x longer for data (GoodputDrop)"
     if fault == "skip":
         job.set_skipping(1)
         return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+    if fault == "crash":
+        at = job.crash()
+        return (f"every rank of {WORKLOAD} crashes after step {at}, is down {DOWN_SECONDS:g}s, restarts from its "
+                f"checkpoint of step {at - CRASH_AFTER} (one every {CHECKPOINT_EVERY} steps) and redoes "
+                f"{CRASH_AFTER} steps (GoodputWastedProgress)")
     if fault == "overload":
         stack.overload(OVERLOAD)
         return (f"requests reach the serving engine {SERVING!r} {OVERLOAD:g}x as fast: its queue grows, time to first "
@@ -72,6 +79,8 @@ def _clear(stack: Stack, fault: str) -> str | None:
         job.set_data_stall(False)
     elif fault == "skip":
         job.set_skipping(None)
+    elif fault == "crash":
+        return None  # a crash is an event: the job restarted by itself; its alert resolves once out of the window
     elif fault == "overload":
         stack.overload(1.0)
     elif fault in FAULT_NIC:

@@ -2,9 +2,14 @@
 
 Each rank is a thread that runs synchronous training steps: wait for data, compute, then meet the
 other ranks in an all-reduce (a barrier), the way DDP does. It reports through the real training
-client (`goodput_client.Telemetry`) and writes its flight-recorder dump in PyTorch's schema (NCCL
-style, with process-group membership) into the flight folder. Faults are switched on and off while
-it runs: a straggler rank, a data stall on every rank, and a rank that skips a collective.
+client (`goodput_client.Telemetry`): numbered steps with their model FLOPs, a `compile` phase as each
+of its processes starts, a `checkpoint_save` phase every CHECKPOINT_EVERY steps; and writes its
+flight-recorder dump in PyTorch's schema (NCCL style, with process-group membership) into the flight
+folder. Faults are switched on and off while it runs: a straggler rank, a data stall on every rank, a
+rank that skips a collective, collectives slowed by the network; and, once per injection, a crash:
+every rank's process dies (its Telemetry closed, as Python's atexit does on a crash), stays down
+DOWN_SECONDS, and is started again as torchrun's restart would start it, resuming from the last
+checkpoint, so that the steps since then are done again.
 """
 
 from __future__ import annotations
@@ -21,6 +26,20 @@ from goodput_client.contract import FLIGHT_DUMP_PREFIX
 
 TOKENS_PER_STEP = 4096
 GRADIENT_FLOATS = 1 << 20
+# The simulated GPUs are H100 SXM (exporter.sources.nvml.simulated.MODEL): bf16 dense tensor peak 989.5 TFLOPS, half
+# the datasheet's "BFLOAT16 Tensor Core* 1,979 teraFLOPS" (* with sparsity).
+PEAK_BF16_FLOPS = 989.5e12
+# Model FLOPs per step: a healthy rank's MFU is about 40% of that peak. A healthy step takes about 0.7 x
+# step_seconds (data_wait 0.1 and compute 0.6 of it; the all-reduce adds next to nothing), so each step declares
+# 0.4 x 989.5e12 x 0.7 x step_seconds FLOPs (the checkpoints and the sleeps' overhead bring the MFU a little below 40%).
+HEALTHY_MFU = 0.4
+HEALTHY_STEP_SHARE = 0.7
+CHECKPOINT_EVERY = 50  # steps between checkpoints: step 50, 100, ...; a checkpoint holds the state after its step
+CRASH_AFTER = 40  # a crash lands this many steps after a checkpoint: each crash redoes CRASH_AFTER steps (about 3 s)
+DOWN_SECONDS = 3.0  # a crashed rank's process stays down this long before its restart
+COMPILE_STEPS = 3.0  # each process compiles its model for this many step_seconds before its first step
+CHECKPOINT_SAVE_STEPS = 2.0  # a checkpoint_save phase lasts this many step_seconds
+CHECKPOINT_RESTORE_STEPS = 3.0  # so does a restarted process's checkpoint_restore
 
 
 @dataclass
@@ -30,6 +49,7 @@ class Faults:
     data_stall: bool = False  # every rank waits 10x longer for data
     skipping: int | None = None  # this rank does not enqueue the next collective
     slow_network: bool = False  # every collective takes a step's worth longer (a congested fabric)
+    crash_at: list[int | None] = field(default_factory=list)  # per rank: its process dies after this step, once
 
 
 @dataclass
@@ -62,7 +82,17 @@ class SimulatedJob:
         self._lock = threading.Lock()
         self._states = [_RankState() for _ in range(ranks)]
         self._threads: list[threading.Thread] = []
-        self.steps = [0] * ranks
+        self.faults.crash_at = [None] * ranks
+        self.flops_per_step = HEALTHY_MFU * PEAK_BF16_FLOPS * HEALTHY_STEP_SHARE * step_seconds
+        self.steps = [0] * ranks  # steps each rank completed, redone ones included
+        self.step_number = [0] * ranks  # the number of the last step each rank completed (1, 2, ...)
+        self.highest = [0] * ranks  # the highest step number each rank completed
+        self.checkpoint = [0] * ranks  # the step each rank's last checkpoint holds the state after (0: none yet)
+        self.crashes = [0] * ranks  # its processes that died
+        self.redone = [0] * ranks  # steps it completed again after restarts: what the daemon counts as wasted
+        self.wasted_seconds = [0.0] * ranks  # the durations those steps had the first time
+        self._first: list[dict[int, float]] = [{} for _ in range(ranks)]  # step -> first duration, since the checkpoint
+        self._down = [False] * ranks  # its process is dead: no flight-recorder dumps
 
     # --- faults ----------------------------------------------------------------------------------
 
@@ -77,6 +107,17 @@ class SimulatedJob:
 
     def set_slow_network(self, on: bool) -> None:
         self.faults.slow_network = on
+
+    def crash(self) -> int:
+        """Every rank's process dies after completing the same step: the first at least two steps ahead of every
+        rank that lies CRASH_AFTER steps past a checkpoint. Each is down DOWN_SECONDS, then restarts from its
+        last checkpoint and redoes CRASH_AFTER steps. Once per call (there is nothing to clear). Returns that
+        step's number."""
+        with self._lock:
+            ahead = max(self.highest) + 2
+            at = ahead + (CRASH_AFTER - ahead) % CHECKPOINT_EVERY
+            self.faults.crash_at = [at] * self.ranks
+        return at
 
     # --- running -----------------------------------------------------------------------------------
 
@@ -99,9 +140,30 @@ class SimulatedJob:
         return not self._stop.wait(seconds)
 
     def _train(self, rank: int) -> None:
-        telemetry = Telemetry(self.workload, rank, socket_path=self.socket_path, flush_interval=0.2)
+        resumed: int | None = None  # the first process starts from scratch; a restarted one from a checkpoint
+        while self._process(rank, resumed):  # the process crashed: down a while, then a new one
+            self._down[rank] = True
+            self.crashes[rank] += 1
+            if not self._sleep(DOWN_SECONDS):
+                break
+            self._down[rank] = False
+            resumed = self.checkpoint[rank]
+
+    def _process(self, rank: int, resumed: int | None) -> bool:
+        """One process of the rank, from its start to its crash (True) or the job's stop (False)."""
+        telemetry = Telemetry(self.workload, rank, socket_path=self.socket_path, flush_interval=0.2,
+                              resumed_from_step=resumed, flops_per_step=self.flops_per_step, dtype="bf16")
         state = self._states[rank]
         try:
+            with telemetry.phase("compile"):
+                if not self._sleep(self.step_seconds * COMPILE_STEPS):
+                    return False
+            number = 0
+            if resumed is not None:
+                with telemetry.phase("checkpoint_restore"):
+                    if not self._sleep(self.step_seconds * CHECKPOINT_RESTORE_STEPS):
+                        return False
+                number = resumed
             while not self._stop.is_set():
                 started = time.perf_counter()
                 wait = self.step_seconds * (1.0 if self.faults.data_stall else 0.1)
@@ -130,10 +192,29 @@ class SimulatedJob:
                     collective.duration_ms = (time.perf_counter() - entered) * 1000
                     state.completed = collective.seq
                 telemetry.record_phase("comm_wait", time.perf_counter() - entered)
-                telemetry.record_step(time.perf_counter() - started, tokens=TOKENS_PER_STEP, samples=8)
+                number += 1
+                duration = time.perf_counter() - started
+                telemetry.record_step(duration, tokens=TOKENS_PER_STEP, samples=8, step=number)
                 self.steps[rank] += 1
+                if number <= self.highest[rank]:  # done before, by a process that crashed
+                    self.redone[rank] += 1
+                    self.wasted_seconds[rank] += self._first[rank].get(number, 0.0)
+                else:
+                    self._first[rank][number] = duration
+                self.step_number[rank] = number
+                self.highest[rank] = max(self.highest[rank], number)
+                if number % CHECKPOINT_EVERY == 0:
+                    with telemetry.phase("checkpoint_save"):
+                        if not self._sleep(self.step_seconds * CHECKPOINT_SAVE_STEPS):
+                            break
+                    self.checkpoint[rank] = number
+                    self._first[rank] = {n: d for n, d in self._first[rank].items() if n > number}  # never redone
+                if self.faults.crash_at[rank] == number:
+                    self.faults.crash_at[rank] = None
+                    return True
+            return False
         finally:
-            telemetry.close(timeout=1.0)
+            telemetry.close(timeout=1.0)  # a crashing Python process does it too: the client's atexit hook
 
     # --- flight-recorder dumps, as ProcessGroupNCCL writes them (dump version 2.10) -----------------
 
@@ -162,6 +243,8 @@ class SimulatedJob:
     def _dump_loop(self, rank: int) -> None:
         target = self.flight_dir / f"{FLIGHT_DUMP_PREFIX}{rank}"
         while self._sleep(self.dump_interval):
+            if self._down[rank]:  # a dead process writes no dumps
+                continue
             partial = target.with_name(target.name + ".partial")
             partial.write_bytes(pickle.dumps(self.dump(rank), protocol=2))
             os.replace(partial, target)

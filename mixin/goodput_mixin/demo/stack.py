@@ -43,7 +43,13 @@ DEMO_SETTINGS = RulesSettings(
     fabric_link_down_for="10s", fabric_link_down_allocated_window="2m", fabric_flap_window="30s",
     fabric_errors_for="10s", fabric_congestion_for="10s", inference_slo_fast_windows=["20s", "2m"],
     inference_slo_slow_windows=["1m", "6m"], inference_kv_cache_saturated_for="20s",
-    inference_idle_while_queued_for="20s")
+    inference_idle_while_queued_for="20s",
+    # one crash of the demo job redoes CRASH_AFTER (40) steps, about 3 s a rank: over a 1m window that is 5%, 2.5x the
+    # 2% that pages; a healthy run redoes nothing
+    wasted_progress_window="1m", wasted_progress_ratio=0.02,
+    # the straggler fault (a rank 3x slower in compute: every rank's step 0.07 s -> 0.19 s) cuts the job's FLOPs per
+    # second by about 60%; a crash's 4 s without steps cuts the 20s window's by about 20%, and only while it lasts
+    mfu_drop_ratio=0.3, mfu_drop_for="20s")
 WORKLOAD = "demo-job"
 SERVING = "demo-serve"  # the serving engine's workload: its process's TORCHELASTIC_RUN_ID, and its scrape's label
 SERVING_JOB = "vllm"
@@ -148,7 +154,8 @@ class Stack:
             "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
             "nvml": {"interval": "1s"}, "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "fabric": {"interval": "1s"},
-            "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock")},
+            "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock"),
+                       "state_dir": str(self.workdir / "state")},
             "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
             "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
