@@ -191,6 +191,29 @@ def test_steps_are_numbered_on_from_resumed_from_step(sent: tuple[str, Events]) 
     assert [e["step"] for e in of(events, "step")] == [101, 102, 103, 104]
 
 
+def test_a_launcher_restart_without_resumed_from_step_numbers_no_steps(sent: tuple[str, Events],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """torchrun restarted the process and the job named no checkpoint: numbering its steps from 1 would charge every
+    step the rank did before as redone. Only explicit numbers are sent; resumed_from_step=0 on a fresh run is a
+    start (nothing to go back from)."""
+    url, events = sent
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    restarted = telemetry_to(url)
+    restarted.record_step(0.5)
+    restarted.record_step(0.5, step=41)
+    restarted.record_step(0.5)
+    closed(restarted, events)
+    assert events[0]["event"] == "restart"
+    assert [e.get("step") for e in of(events, "step")] == [None, 41, 42]
+    events.clear()
+    monkeypatch.delenv("TORCHELASTIC_RESTART_COUNT")
+    fresh = telemetry_to(url, resumed_from_step=0)
+    fresh.record_step(0.5)
+    closed(fresh, events)
+    assert events[0]["event"] == "start" and events[0]["resumed_from_step"] == 0
+    assert [e["step"] for e in of(events, "step")] == [1]
+
+
 @pytest.mark.parametrize(("variables", "first"), [
     ({}, "start"), ({"TORCHELASTIC_RESTART_COUNT": "0"}, "start"), ({"TORCHELASTIC_RESTART_COUNT": "2"}, "restart"),
     ({"SLURM_RESTART_COUNT": "1"}, "restart"), ({"TORCHELASTIC_RESTART_COUNT": "x"}, "start")])

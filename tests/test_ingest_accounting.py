@@ -17,11 +17,14 @@ from exporter.sources.ingest.state import IngestState
 from exporter.sources.ingest.statefile import FILE_NAME, StateFile
 
 START = 1_760_000_000.0
+LATER = START + 3600.0
 W, R = "llama", "0"
 
 
 def state(tmp_path: Path | None = None, clock: ManualClock | None = None, **options: object) -> IngestState:
-    return IngestState(32, 512, 600.0, clock or ManualClock(START),
+    """The daemon's clock an hour past START unless given: the events below are timed by their elapsed seconds, and
+    the wall-clock bound on untracked time (tested on its own) does not bind."""
+    return IngestState(32, 512, 600.0, clock or ManualClock(LATER),
                        state_file=StateFile(str(tmp_path)) if tmp_path else None, **options)  # type: ignore[arg-type]
 
 
@@ -136,7 +139,7 @@ def crash_and_resume(ingest: IngestState, clock: ManualClock, durations: dict[in
 
 
 def test_a_restart_charges_its_downtime_and_the_redone_steps() -> None:
-    clock = ManualClock(START)
+    clock = ManualClock(LATER)
     ingest = state(clock=clock)
     durations: dict[int, float] = {}
     first, second = crash_and_resume(ingest, clock, durations)
@@ -152,7 +155,7 @@ def test_a_restart_charges_its_downtime_and_the_redone_steps() -> None:
 
 
 def test_a_restart_that_names_no_step_is_told_by_its_first_step_number() -> None:
-    clock = ManualClock(START)
+    clock = ManualClock(LATER)
     ingest = state(clock=clock)
     send(ingest, start(START))
     at = run_steps(ingest, 1, 6, 0.0, {})
@@ -191,12 +194,12 @@ def test_redone_steps_older_than_the_history_are_counted_without_seconds(caplog:
 
 
 def test_the_accounting_survives_a_daemon_restart_between_crash_and_resume(tmp_path: Path) -> None:
-    clock = ManualClock(START)
+    clock = ManualClock(LATER)
     before = state(tmp_path, clock)
     send(before, start(START))
     durations: dict[int, float] = {}
     first = run_steps(before, 1, 10, 0.0, durations)
-    before.save(force=True)  # what the daemon does on SIGTERM
+    before.save()  # what the daemon does on SIGTERM
     clock.advance(first + 60.0)
     after = state(tmp_path, clock)
     send(after, start(START + first + 60.0, restart=True, resumed_from_step=8))
@@ -220,7 +223,7 @@ def test_a_corrupt_state_file_is_counted_set_aside_and_replaced(tmp_path: Path, 
     assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "corrupt"}.items()))] == 1
     assert "corrupt" in caplog.text or "malformed" in caplog.text
     send(ingest, start(START), phase("compute", 1.0, 1.0))
-    ingest.save(force=True)
+    ingest.save()
     saved = json.loads((tmp_path / FILE_NAME).read_text())
     assert saved["version"] == 1 and [a["workload"] for a in saved["accounts"]] == [W]
 
@@ -230,7 +233,67 @@ def test_an_unwritable_state_dir_is_counted_and_the_daemon_goes_on(tmp_path: Pat
     blocker.write_text("not a directory")
     ingest = state(blocker)
     send(ingest, start(START), phase("compute", 1.0, 1.0))
-    ingest.save(force=True)
+    ingest.save()
     found = metrics(ingest)
     assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "unwritable"}.items()))] == 1
     assert of(found, "goodput_phase_seconds_total", phase="compute") == 1.0
+
+
+def test_a_new_process_whose_start_was_lost_is_told_by_its_elapsed_time() -> None:
+    """The daemon was down when the restarted process sent its "restart": its first events, elapsed time going back,
+    begin the session; the phase that revealed it is counted once, and its first step number says where it went
+    back to."""
+    ingest = state()
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 10, 0.0, {})
+    send(ingest, phase("compute", 1.0, 2.0))  # the new process, 2 s in
+    found = metrics(ingest)
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(at + 2.0) == pytest.approx(phases_sum(found))
+    send(ingest, step(6, 1.5, 2.3))  # it went back to the state after step 5
+    found = metrics(ingest)
+    assert of(found, "goodput_wasted_steps_total") == 5
+    assert of(found, "goodput_wasted_seconds_total") == pytest.approx(5 * 1.5)
+
+
+def test_two_processes_reporting_as_one_rank_cannot_outrun_the_wall_clock() -> None:
+    """Two processes that name the same workload and rank (two launcher-less jobs on a node, both "default/0"):
+    each time the other's smaller elapsed time arrives it looks like a new process; untracked time is bounded by the
+    wall clock since the rank was first heard of, so elapsed stays within it."""
+    clock = ManualClock(START)
+    ingest = state(clock=clock)
+    send(ingest, start(START))
+    for second in range(1, 111):
+        clock.now = START + second
+        send(ingest, phase("compute", 0.5, float(second)))  # one process, started at START
+        if second > 50:
+            send(ingest, phase("compute", 0.5, second - 50.0))  # the other, started 50 s later
+    found = metrics(ingest)
+    assert of(found, "goodput_phase_seconds_total", phase="compute") == 110 * 0.5 + 60 * 0.5
+    assert of(found, "goodput_elapsed_seconds_total") <= 110 + 5.0 + 1.0  # the wall clock since the start (and slack)
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(phases_sum(found))
+
+
+def test_a_step_number_sent_as_a_token_count_costs_nothing() -> None:
+    """A restart from step 0 after a step numbered 10^12 reads only the history it keeps."""
+    ingest = state()
+    send(ingest, start(START), step(10**12, 1.0, 1.0))
+    send(ingest, start(START + 10.0, restart=True, resumed_from_step=0))
+    assert of(metrics(ingest), "goodput_wasted_steps_total") == 10**12
+
+
+def test_a_dormant_ranks_accounting_stays_published_so_its_restart_shows_in_rates() -> None:
+    """A rank that ended (a Python crash sends "end" from atexit) loses its step series after the grace; its
+    accounting stays published until the restart window passes, so the jump of its restart is an increase."""
+    clock = ManualClock(LATER)
+    ingest = state(clock=clock)
+    send(ingest, start(START))
+    at = run_steps(ingest, 1, 10, 0.0, {})
+    send(ingest, {"type": "lifecycle", "event": "end", "elapsed_seconds": at})
+    clock.advance(600.0)
+    found = metrics(ingest)
+    assert ("goodput_steps_total", frozenset({"workload": W, "rank": R}.items())) not in found
+    assert of(found, "goodput_downtime_seconds_total") == 0 and of(found, "goodput_elapsed_seconds_total") > 0
+    send(ingest, start(START + at + 500.0, restart=True, resumed_from_step=8))
+    assert of(metrics(ingest), "goodput_downtime_seconds_total") == pytest.approx(500.0)
+    clock.advance(ingest.restart_window + 1000.0)
+    assert not [k for k in metrics(ingest) if k[0] == "goodput_elapsed_seconds_total"]

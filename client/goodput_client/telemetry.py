@@ -325,10 +325,11 @@ class Telemetry:
     Elapsed time starts at construction (`started_at`, Unix time, is its wall clock; the first event
     carries both): each event carries the process's seconds since then, at the end of its span, so the
     daemon counts every second of the rank, those no phase covers as "untracked". The first event is
-    "restart" when this process was started again after a failure (`resumed_from_step` given, or the
+    "restart" when this process was started again after a failure (`resumed_from_step` above 0, or the
     launcher's restart count, TORCHELASTIC_RESTART_COUNT or SLURM_RESTART_COUNT, above 0): the daemon then
     charges the time since the rank's previous process's last event as downtime. Otherwise it is "start",
-    a new run.
+    a new run. A process the launcher restarted without `resumed_from_step` numbers no steps by itself
+    (where it went back to is not known), only those given with `step=`.
 
     Steps are numbered globally, 1, 2, ... across restarts: `resumed_from_step=R` (an int >= 0) says the
     checkpoint this process resumed from holds the state after step R, so its first step is R+1; the daemon
@@ -387,7 +388,17 @@ class Telemetry:
         self.flops_per_step = None if flops_per_step is None else float(flops_per_step)
         self.flops_per_token = None if flops_per_token is None else float(flops_per_token)
         self.dtype = dtype
-        self._last_step = resumed or 0  # the number of the last step completed; the next counts on from it
+        # a process started again after a failure, or one resuming from a checkpoint after step N > 0: the daemon
+        # charges the gap since the rank's last event as downtime, and the steps after `resumed` it had seen as
+        # redone; otherwise a "start", a new run (resumed_from_step=0 included: nothing to go back from)
+        from .launcher import restart_count
+
+        launcher_restarted = restart_count(os.environ) > 0
+        self._restarted = launcher_restarted or bool(resumed)
+        # the number of the last step completed, the next counting on from it; None: not known (restarted by the
+        # launcher without resumed_from_step: numbering from 1 would charge every earlier step as redone), so steps
+        # carry only the numbers given with step=
+        self._last_step: int | None = None if launcher_restarted and resumed is None else resumed or 0
         self._steps_lock = threading.Lock()
         self._open: list[None] = []  # one item per phase block (or data_wait wait) open now
         self.ttft_objective_seconds = float(ttft_objective_seconds)
@@ -419,12 +430,7 @@ class Telemetry:
         atexit.register(self.close)
         self._t0 = _perf()  # elapsed 0: every event's elapsed_seconds counts from here
         self.started_at = time.time()  # the same instant on the wall clock
-        # a process started again after a failure: the daemon charges the gap since the rank's last event as
-        # downtime, and the steps after `resumed` it had seen as redone; a first "start" is a new run
-        from .launcher import restart_count
-
-        restarted = resumed is not None or restart_count(os.environ) > 0
-        self._put(("lifecycle", "restart" if restarted else "start", 0.0, resumed, self.started_at))
+        self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at))
 
     # --- the hot path: called from the training loop ----------------------------------------------
 
@@ -495,7 +501,9 @@ class Telemetry:
         """The number sent with a completed step, None for none; an explicit one resets the count."""
         explicit = None if step is None else _whole(step, 1)
         with self._steps_lock:
-            number = self._last_step = self._last_step + 1 if explicit is None else explicit
+            if explicit is None and self._last_step is None:
+                return None  # where a restarted process went back to is not known: no number
+            number = self._last_step = self._last_step + 1 if explicit is None else explicit  # type: ignore[operator]
         if step is not None and explicit is None:  # not sent; the count goes on as for a step without one
             self._warn_once("step", "goodput telemetry: step number %s not sent: expected an int within "
                             "[1, %d]", repr(step), MAX_COUNT)

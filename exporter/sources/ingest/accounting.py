@@ -19,8 +19,10 @@ across a daemon restart (`to_dict`, `from_dict`).
 
 from __future__ import annotations
 
+import base64
 import logging
 import math
+import sys
 from array import array
 from typing import Any
 
@@ -29,6 +31,7 @@ from goodput_client.contract import DEPRECATED_PHASES, PHASES
 log = logging.getLogger(__name__)
 
 NEW_SESSION_SLACK = 1.0  # seconds: a reported elapsed this far below the session's means a new process
+CLOCK_SLACK = 5.0  # seconds the events' wall times may run ahead of the daemon's clock
 
 
 class History:
@@ -71,32 +74,53 @@ class History:
             self.first += excess
 
     def redone(self, after: int, last: int) -> tuple[int, float, float]:
-        """Steps after+1 .. last: (how many of them the history lacks, their durations, their compute)."""
+        """Steps after+1 .. last: (how many of them the history lacks, their durations, their compute). Only the
+        kept part is read: a step number sent as a token count costs nothing."""
+        lo, hi = max(after + 1, self.first), min(last, self.first + len(self.durations) - 1)
         seconds = compute = 0.0
-        missing = 0
-        for step in range(after + 1, last + 1):
-            index = step - self.first
-            if 0 <= index < len(self.durations) and not math.isnan(self.durations[index]):
+        kept = 0
+        for index in range(lo - self.first, hi - self.first + 1):
+            if not math.isnan(self.durations[index]):
                 seconds += self.durations[index]
                 compute += self.computes[index]
-            else:
-                missing += 1
-        return missing, seconds, compute
+                kept += 1
+        return (last - after) - kept, seconds, compute
 
     def to_dict(self) -> dict[str, Any]:
-        return {"first": self.first, "durations": [None if math.isnan(v) else v for v in self.durations],
-                "computes": [None if math.isnan(v) else v for v in self.computes]}
+        """The arrays as base64 of their bytes (little-endian doubles, NaN for a step never seen): cheap to write
+        every collect."""
+        return {"first": self.first, "durations": _packed(self.durations), "computes": _packed(self.computes)}
 
     @classmethod
     def from_dict(cls, size: int, data: dict[str, Any]) -> History:
-        history = cls(size, int(data["first"]))
-        durations, computes = data["durations"][-size:], data["computes"][-size:]
+        history = cls(size, _whole(data["first"]))
+        durations, computes = _unpacked(data["durations"]), _unpacked(data["computes"])
         if len(durations) != len(computes):
-            raise ValueError("history lists of different lengths")
-        history.first += len(data["durations"]) - len(durations)
-        history.durations = array("d", (math.nan if v is None else float(v) for v in durations))
-        history.computes = array("d", (math.nan if v is None else float(v) for v in computes))
+            raise ValueError("history arrays of different lengths")
+        drop = max(0, len(durations) - size)
+        history.first += drop
+        history.durations, history.computes = durations[drop:], computes[drop:]
         return history
+
+
+def _packed(values: array[float]) -> str:
+    data = values if sys.byteorder == "little" else array("d", values)
+    if sys.byteorder != "little":
+        data.byteswap()
+    return base64.b64encode(data.tobytes()).decode("ascii")
+
+
+def _unpacked(text: object) -> array[float]:
+    if not isinstance(text, str):
+        raise ValueError("history is not base64 text")
+    raw = base64.b64decode(text.encode("ascii"), validate=True)
+    if len(raw) % 8:
+        raise ValueError("history is not a whole number of doubles")
+    values = array("d")
+    values.frombytes(raw)
+    if sys.byteorder != "little":
+        values.byteswap()
+    return values
 
 
 def _phase(name: str) -> str:
@@ -106,9 +130,9 @@ def _phase(name: str) -> str:
 class Account:
     """One rank's accounting on this node, over all its sessions."""
 
-    __slots__ = ("base", "downtime", "flops", "history", "last_step", "last_wall", "offset", "pending_compute",
-                 "phases", "restarted", "session_elapsed", "started_at", "untracked", "wasted_compute",
-                 "wasted_seconds", "wasted_steps", "where")
+    __slots__ = ("base", "downtime", "first_wall", "flops", "history", "last_step", "last_wall", "offset",
+                 "pending_compute", "phases", "restarted", "session_elapsed", "started_at", "untracked",
+                 "wasted_compute", "wasted_seconds", "wasted_steps", "where")
 
     def __init__(self, step_history: int, where: str = "") -> None:
         self.where = where  # "workload/rank", for the log
@@ -118,6 +142,7 @@ class Account:
         self.session_elapsed = 0.0  # the most this session reported
         self.offset = 0.0  # elapsed of this session before the daemon first heard of it (not accounted)
         self.started_at: float | None = None  # wall time of this session's elapsed 0
+        self.first_wall: float | None = None  # wall time the accounting begins at
         self.last_wall: float | None = None  # wall time of the last event
         self.downtime = 0.0
         self.last_step: int | None = None
@@ -139,45 +164,62 @@ class Account:
     def elapsed(self) -> float:
         return self.tracked + self.untracked
 
-    def _settle(self) -> None:
-        self.untracked = max(self.untracked, self.base + self.session_elapsed - self.offset - self.tracked)
+    def _settle(self, now: float) -> None:
+        """Untracked grows to what the session's elapsed time says, but no further than the wall clock allows: a
+        rank's elapsed time and downtime fit in the time since its accounting began. (Two processes reporting as
+        one rank would otherwise add each other's elapsed time at every turn.)"""
+        tracked = self.tracked
+        target = self.base + self.session_elapsed - self.offset - tracked
+        if self.first_wall is not None:
+            target = min(target, now + CLOCK_SLACK - self.first_wall - self.downtime - tracked)
+        self.untracked = max(self.untracked, target)
 
     # --- events --------------------------------------------------------------------------------------
 
-    def _wall(self, now: float, elapsed: float | None) -> float:
-        if elapsed is not None and self.started_at is not None:
-            return self.started_at + elapsed
-        return now
+    def _enter(self, now: float, elapsed: float | None, span: float) -> None:
+        """Before an event that ends at `elapsed` into its process (None: not reported) after `span` seconds: the
+        first the daemon hears of the rank, or a new process whose own start it did not hear of."""
+        if elapsed is None:
+            if self.first_wall is None:
+                self.first_wall = now - span
+            return
+        if self.last_wall is None:  # mid-run: count from this event's span on
+            self.offset = max(0.0, elapsed - span)
+            self.session_elapsed = self.offset
+            self.started_at = now - elapsed
+            self.first_wall = self.started_at + self.offset
+            self.last_wall = self.first_wall
+        elif elapsed < self.session_elapsed - NEW_SESSION_SLACK:
+            self._begin(now, now - elapsed, max(0.0, elapsed - span), restart=True)
 
-    def _advance(self, now: float, elapsed: float | None, span: float) -> None:
-        """An event ending at `elapsed` into its session (None: not reported) that covered `span` seconds."""
+    def _leave(self, now: float, elapsed: float | None) -> None:
+        """After the event: the session's elapsed time, the wall time of the last event, untracked."""
         if elapsed is not None:
-            if self.last_wall is None:  # the first the daemon hears of this rank, mid-session
-                self.offset = max(0.0, elapsed - span)
-                self.started_at = now - elapsed
-            elif elapsed < self.session_elapsed - NEW_SESSION_SLACK:  # a new process whose start was not seen
-                self._begin(now, elapsed, None, restart=True)
             self.session_elapsed = max(self.session_elapsed, elapsed)
-        self.last_wall = max(self._wall(now, elapsed), self.last_wall or 0.0)
-        self._settle()
+        wall = now if elapsed is None or self.started_at is None else self.started_at + elapsed
+        self.last_wall = max(wall, self.last_wall or 0.0)
+        self._settle(now)
 
     def session(self, now: float, restart: bool, elapsed: float | None, started_at: float | None,
                 resumed_from_step: int | None) -> None:
         """A "start" or "restart" lifecycle event. One carrying `started_at` begins a process session; a restart
         without it (an older client, or a restart inside one process) only says where it resumed from."""
         if started_at is not None:
-            self._begin(started_at + (elapsed or 0.0), elapsed or 0.0, started_at, restart)
+            self._begin(now, started_at, elapsed or 0.0, restart)
         else:
-            self._advance(now, elapsed, 0.0)
+            self._enter(now, elapsed, 0.0)
+        self._leave(now, elapsed)
         if resumed_from_step is not None:
             self.resume(resumed_from_step)
-        self._settle()
 
-    def _begin(self, wall: float, elapsed: float, started_at: float | None, restart: bool) -> None:
+    def _begin(self, now: float, start: float, elapsed: float, restart: bool) -> None:
+        """A new process session that started at wall time `start` and has run `elapsed` seconds so far."""
         first = self.last_wall is None
-        start = started_at if started_at is not None else wall - elapsed
-        if restart and not first:
+        if first:
+            self.first_wall = start
+        elif restart:
             self.downtime += max(0.0, start - self.last_wall)  # type: ignore[operator]
+        self._settle(now)
         # every phase and untracked second so far is in `base`; this session's elapsed counts from its start
         self.base = self.elapsed
         self.session_elapsed = elapsed
@@ -188,22 +230,24 @@ class Account:
         if not restart:  # a new run of the same name: its steps are not redone ones
             self.last_step = None
             self.history = History(self.history.size)
-        self.last_wall = max(wall, self.last_wall or 0.0)
-        self._settle()
+        self.last_wall = max(start + elapsed, self.last_wall or 0.0)
 
     def touch(self, now: float, elapsed: float | None) -> None:
         """An event that covers no span (the end of the process)."""
-        self._advance(now, elapsed, 0.0)
+        self._enter(now, elapsed, 0.0)
+        self._leave(now, elapsed)
 
     def phase(self, now: float, name: str, seconds: float, elapsed: float | None) -> None:
+        self._enter(now, elapsed, seconds)
         name = _phase(name)
         self.phases[name] += seconds
         if name == "compute":
             self.pending_compute += seconds
-        self._advance(now, elapsed, seconds)
+        self._leave(now, elapsed)
 
     def step(self, now: float, duration: float, number: int | None, flops: float | None, dtype: str,
              elapsed: float | None) -> None:
+        self._enter(now, elapsed, duration)
         if number is not None:
             if self.restarted and self.last_step is not None and number <= self.last_step:
                 self.resume(number - 1)  # a restart that named no step: its first step says where it went back to
@@ -213,7 +257,7 @@ class Account:
         self.pending_compute = 0.0
         if flops is not None:
             self.flops[dtype] = self.flops.get(dtype, 0.0) + flops
-        self._advance(now, elapsed, duration)
+        self._leave(now, elapsed)
 
     def resume(self, step: int) -> None:
         """The rank went back to the state after step `step`: every later step it had completed is redone."""
@@ -234,35 +278,52 @@ class Account:
     # --- the state file -------------------------------------------------------------------------------
 
     def to_dict(self) -> dict[str, Any]:
-        return {"phases": self.phases, "untracked": self.untracked, "base": self.base,
+        """A copy, for the state file (JSON-ready)."""
+        return {"phases": dict(self.phases), "untracked": self.untracked, "base": self.base,
                 "session_elapsed": self.session_elapsed, "offset": self.offset, "started_at": self.started_at,
-                "last_wall": self.last_wall, "downtime": self.downtime, "last_step": self.last_step,
-                "restarted": self.restarted, "pending_compute": self.pending_compute,
+                "first_wall": self.first_wall, "last_wall": self.last_wall, "downtime": self.downtime,
+                "last_step": self.last_step, "restarted": self.restarted, "pending_compute": self.pending_compute,
                 "history": self.history.to_dict(), "wasted_steps": self.wasted_steps,
-                "wasted_seconds": self.wasted_seconds, "wasted_compute": self.wasted_compute, "flops": self.flops}
+                "wasted_seconds": self.wasted_seconds, "wasted_compute": self.wasted_compute,
+                "flops": dict(self.flops)}
 
     @classmethod
     def from_dict(cls, step_history: int, where: str, data: dict[str, Any]) -> Account:
-        """Raises KeyError, TypeError or ValueError for data that is not an account this module wrote."""
+        """Raises KeyError, TypeError, ValueError or ArithmeticError for data that is not an account this module
+        wrote."""
         account = cls(step_history, where)
         for name, seconds in data["phases"].items():
-            account.phases[_phase(str(name))] += _number(seconds)
+            phase = _phase(str(name))
+            if phase not in account.phases:
+                raise ValueError(f"unknown phase {name!r}")
+            account.phases[phase] += _number(seconds)
         account.untracked = _number(data["untracked"])
         account.base = _number(data["base"])
         account.session_elapsed = _number(data["session_elapsed"])
         account.offset = _number(data["offset"])
-        account.started_at = None if data["started_at"] is None else _number(data["started_at"])
-        account.last_wall = None if data["last_wall"] is None else _number(data["last_wall"])
+        account.started_at = _optional(data["started_at"])
+        account.first_wall = _optional(data["first_wall"])
+        account.last_wall = _optional(data["last_wall"])
         account.downtime = _number(data["downtime"])
-        account.last_step = None if data["last_step"] is None else int(data["last_step"])
+        account.last_step = None if data["last_step"] is None else _whole(data["last_step"])
         account.restarted = bool(data["restarted"])
         account.pending_compute = _number(data["pending_compute"])
         account.history = History.from_dict(step_history, data["history"])
-        account.wasted_steps = int(data["wasted_steps"])
+        account.wasted_steps = _whole(data["wasted_steps"])
         account.wasted_seconds = _number(data["wasted_seconds"])
         account.wasted_compute = _number(data["wasted_compute"])
         account.flops = {str(k): _number(v) for k, v in data["flops"].items()}
         return account
+
+
+def _optional(value: object) -> float | None:
+    return None if value is None else _number(value)
+
+
+def _whole(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{value!r} is not a whole number >= 0")
+    return value
 
 
 def _number(value: object) -> float:

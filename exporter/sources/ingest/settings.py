@@ -31,8 +31,9 @@ class IngestConfig(SourceConfig):
         "steps, lifetime counters) across daemon restarts; empty: kept in memory only. The chart mounts a hostPath "
         "here.")
     restart_window: Duration = Field(
-        86_400.0, gt=0, description="A rank that reports again within this long after its last event continues its "
-        "lifetime counters, the gap counted as downtime when it restarted; later, it starts over.")
+        21_600.0, gt=0, description="A rank's accounting (elapsed, phases, downtime, redone steps, model FLOPs) stays "
+        "published this long after its last event, after its other series went: one that reports again within it "
+        "continues its counters, the gap counted as downtime when it restarted; later, it starts over.")
     step_history: int = Field(
         2000, ge=1, le=1_000_000, description="Step numbers per rank whose first duration is remembered, to charge "
         "the steps a restart redoes; older redone steps are counted without their seconds.")

@@ -130,13 +130,10 @@ class Declarations:
 IGNORED_REASONS = ("mixed_identity", "pid_reused")
 
 
-SAVE_INTERVAL = 10.0  # seconds between writes of the state file while events arrive (and one at shutdown)
-
-
 class IngestState:
     def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
                  clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64,
-                 step_history: int = 2000, restart_window: float = 86_400.0,
+                 step_history: int = 2000, restart_window: float = 21_600.0,
                  state_file: StateFile | None = None) -> None:
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
@@ -147,10 +144,12 @@ class IngestState:
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
-        # the accounts of ranks whose series are gone, until restart_window after their last event
+        # the accounts of ranks whose other series are gone (idle, ended), until restart_window after their last
+        # event: still published, so that a restart's downtime and redone steps, or a long untracked stretch, show
+        # in rates as an increase rather than as a series that starts high
         self._dormant: dict[tuple[str, str], Account] = {}
         self.state_file = state_file
-        self._saved_at = 0.0
+        self._save_lock = threading.Lock()  # one write at a time, the last with the newest accounts
         self._changed = False
         if state_file is not None:
             self._restore(state_file.load())
@@ -243,7 +242,7 @@ class IngestState:
             try:
                 key = (str(item["workload"]), str(item["rank"]))
                 self._dormant[key] = Account.from_dict(self.step_history, "/".join(key), item["account"])  # type: ignore[arg-type]
-            except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
                 problems.append(f"{exc.__class__.__name__}: {exc}")
         if problems and self.state_file is not None:
             self.state_file.quarantine(f"{len(problems)} of its {len(items)} accounts are malformed, the first: "
@@ -252,23 +251,23 @@ class IngestState:
             log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant),
                      self.state_file.path if self.state_file else "")
 
-    def save(self, force: bool = False) -> None:
-        """Write the state file when something changed (at most every SAVE_INTERVAL unless forced)."""
+    def save(self) -> None:
+        """Write the state file if anything changed since the last write (the source does it before publishing
+        what it collected, and once more at shutdown)."""
         if self.state_file is None:
             return
-        now = self._clock()
-        with self._lock:
-            if not self._changed or (not force and now - self._saved_at < SAVE_INTERVAL):
-                return
-            accounts = [{"workload": w, "rank": r, "account": rank.account.to_dict()}
-                        for (w, r), rank in self._ranks.items()]
-            accounts += [{"workload": w, "rank": r, "account": account.to_dict()}
-                         for (w, r), account in self._dormant.items()]
-            self._changed = False
-            self._saved_at = now
-        if not self.state_file.save(accounts):
+        with self._save_lock:
             with self._lock:
-                self._changed = True
+                if not self._changed:
+                    return
+                accounts = [{"workload": w, "rank": r, "account": rank.account.to_dict()}
+                            for (w, r), rank in self._ranks.items()]
+                accounts += [{"workload": w, "rank": r, "account": account.to_dict()}
+                             for (w, r), account in self._dormant.items()]
+                self._changed = False
+            if not self.state_file.save(accounts):
+                with self._lock:
+                    self._changed = True
 
     def _declare(self, pid: int, keys: set[tuple[str, str]]) -> None:
         started = start_time(self._proc, pid)
@@ -307,6 +306,21 @@ class IngestState:
             self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
             return Declarations(claims, dict(self.ignored))
 
+    @staticmethod
+    def _render(batch: Batch, key: tuple[str, str], account: Account) -> None:
+        for phase in PHASES:
+            batch.add(c.PHASE_SECONDS, (*key, phase), account.phases[phase])
+        batch.add(c.PHASE_SECONDS, (*key, UNTRACKED_PHASE), account.untracked)
+        batch.add(c.ELAPSED, key, account.elapsed)
+        batch.add(c.DOWNTIME, key, account.downtime)
+        batch.add(c.WASTED_STEPS, key, account.wasted_steps)
+        batch.add(c.WASTED_SECONDS, key, account.wasted_seconds)
+        batch.add(c.WASTED_COMPUTE, key, account.wasted_compute)
+        if account.last_step is not None:
+            batch.add(c.STEP_NUMBER, key, account.last_step)
+        for dtype, flops in sorted(account.flops.items()):
+            batch.add(c.MODEL_FLOPS, (*key, dtype), flops)
+
     def snapshot(self) -> Batch:
         """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace."""
         batch = Batch()
@@ -321,6 +335,7 @@ class IngestState:
                 self._changed = True
             while len(self._dormant) > self.max_ranks:  # the oldest go first
                 del self._dormant[min(self._dormant, key=lambda k: self._dormant[k].last_wall or 0.0)]
+                self._changed = True
             for key in [k for k, m in self._models.items() if now - m.last_event > self.idle_timeout]:
                 del self._models[key]
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
@@ -330,21 +345,11 @@ class IngestState:
                 batch.add(c.STEPS, key, rank.steps)
                 batch.add(c.TOKENS, key, rank.tokens)
                 batch.add(c.SAMPLES, key, rank.samples)
-                account = rank.account
-                for phase in PHASES:
-                    batch.add(c.PHASE_SECONDS, (*key, phase), account.phases[phase])
-                batch.add(c.PHASE_SECONDS, (*key, UNTRACKED_PHASE), account.untracked)
-                batch.add(c.ELAPSED, key, account.elapsed)
-                batch.add(c.DOWNTIME, key, account.downtime)
-                batch.add(c.WASTED_STEPS, key, account.wasted_steps)
-                batch.add(c.WASTED_SECONDS, key, account.wasted_seconds)
-                batch.add(c.WASTED_COMPUTE, key, account.wasted_compute)
-                if account.last_step is not None:
-                    batch.add(c.STEP_NUMBER, key, account.last_step)
-                for dtype, flops in sorted(account.flops.items()):
-                    batch.add(c.MODEL_FLOPS, (*key, dtype), flops)
+                self._render(batch, key, rank.account)
                 batch.add(c.RESTARTS, key, rank.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
+            for key, account in sorted(self._dormant.items()):  # a restart's jump stays within a rate's reach
+                self._render(batch, key, account)
             for key, model in sorted(self._models.items()):
                 batch.add(c.TTFT, key, model.ttft.rendered())
                 batch.add(c.TPOT, key, model.tpot.rendered())

@@ -2,7 +2,9 @@
 job restarted while the daemon was down is still charged its downtime and redone steps), as JSON under
 `ingest.state_dir`, replaced atomically.
 
-A missing file starts fresh (logged). A file that cannot be parsed or is not what this version wrote is counted
+It is rewritten at each collect of the source in which something changed, before what it holds is published, so
+that no counter a scrape has seen can go down after a daemon restart, however the daemon stopped. A missing file
+starts fresh (logged). A file that cannot be parsed or is not what this version wrote is counted
 (`corrupt`), logged, kept beside as `<name>.corrupt` for a look, and replaced by the next write; one that cannot be
 read is counted `unreadable`; a write that fails is counted `unwritable` and retried at the next one. None of them
 stops the daemon.
@@ -35,6 +37,8 @@ class StateFile:
     def load(self) -> list[dict[str, Any]]:
         """The accounts the file holds (each a dict with workload, rank and account); [] when there is none or it
         is unusable."""
+        for stale in self.path.parent.glob(f".{FILE_NAME}.*"):  # left by a daemon killed mid-write
+            stale.unlink(missing_ok=True)
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -52,8 +56,8 @@ class StateFile:
             if not isinstance(accounts, list) or not all(isinstance(item, dict) for item in accounts):
                 raise ValueError("accounts is not a list of objects")
             return accounts
-        except (ValueError, KeyError) as exc:
-            self.quarantine(str(exc))
+        except (ValueError, KeyError, RecursionError) as exc:
+            self.quarantine(f"{exc.__class__.__name__}: {exc}")
             return []
 
     def quarantine(self, problem: str, partly: bool = False) -> None:
@@ -72,7 +76,9 @@ class StateFile:
                   "the rest of it is used" if partly else "restart accounting starts fresh")
 
     def save(self, accounts: list[dict[str, Any]]) -> bool:
-        """Write atomically: a crash mid-write leaves the previous file whole."""
+        """Write atomically: a daemon killed mid-write leaves the previous file whole. Not synced to disk (it is
+        written every collect): after a power loss the file may be empty, which loads as corrupt and starts
+        fresh."""
         data = json.dumps({"version": VERSION, "accounts": accounts}, separators=(",", ":"), allow_nan=False)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,8 +86,6 @@ class StateFile:
             try:
                 with os.fdopen(fd, "w", encoding="utf-8") as out:
                     out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
                 os.replace(partial, self.path)
             except BaseException:
                 os.unlink(partial)

@@ -494,10 +494,11 @@ def _workload_node(s: RulesSettings) -> list[Rule]:
         # every workload's ranks on the node together: what GoodputFabricCongestion asks of a node
         {"record": f"node:goodput_comm_wait_ratio:rate{w}",
          "expr": f"sum by ({c}, {n}) ({comm_wait})\n  / (sum by ({c}, {n}) ({phases}) > 0)"},
-        # the nodes of each workload: where a process of it holds a GPU, or where its ranks report phases
+        # the nodes of each workload: where a process of it holds a GPU, or where its ranks spend time in phases (a
+        # rank gone keeps its accounting published for a while, at rate 0)
         {"record": "workload:goodput_node:info",
          "expr": f"group by ({c}, {n}, workload) (goodput_gpu_workload_info)\n"
-                 f"or\ngroup by ({c}, {n}, workload) ({phases})"},
+                 f"or\ngroup by ({c}, {n}, workload) ({phases} > 0)"},
     ]
 
 
