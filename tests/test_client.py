@@ -76,6 +76,9 @@ def test_two_rank_job_reports_what_it_measured(job_env: Venv, tmp_path: Path) ->
         ops = {"workload": workload, "pg": "0", "op": "all_reduce"}
         for rank in ("0", "1"):
             live.metrics_when("goodput_collective_operations_total", 24, rank=rank, **ops)
+            # and the dump written at close, every op completed: a periodic dump taken during the last all_reduce
+            # already counts 24 ops, one in flight, until the flight source reads the last one
+            live.metrics_when("goodput_collective_inflight", 0, rank=rank, workload=workload, pg="0")
         text = live.metrics()
     for rank in (0, 1):
         own = measured[rank]
