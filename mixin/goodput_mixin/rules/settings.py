@@ -187,6 +187,36 @@ class RulesSettings(BaseModel):
         0.3, gt=0, le=1, description="GoodputFabricCongestion: only while the workloads on the node spend at least "
         "this share of their time in comm_wait (congestion that costs no goodput does not page).")
     fabric_congestion_for: str = Field("10m", description="GoodputFabricCongestion: for how long.")
+    # --- the funnel's verdict per workload (workload:goodput_bottleneck:info; rules/verdict.py) ----------------
+    # It also reads, with the same meaning: throttle_ratio and critical_xids (cluster), collective_hang_seconds,
+    # dump_stale_seconds, fabric_error_rate, fabric_congestion_ratio and fabric_congestion_comm_wait_ratio (network),
+    # memory_used_ratio with the memory prediction (memory), underused_sm_active_ratio (kernel).
+    bottleneck_gpu_recent_window: str = Field(
+        "15m", description="Verdict, cluster layer: how long an XID or an uncorrected ECC error on a GPU counts "
+        "against the workload, and how long a GPU counts as the workload's after its processes last held it (a "
+        "lost GPU's processes are no longer listed, nor those of a job its fault killed).")
+    bottleneck_comm_wait_ratio: float = Field(
+        0.3, gt=0, le=1, description="Verdict, network layer: share of the workload's accounted time in comm_wait "
+        "above which the network holds it back.")
+    bottleneck_data_wait_ratio: float = Field(
+        0.15, gt=0, le=1, description="Verdict, host layer: share of the workload's accounted time in data_wait above "
+        "which the input pipeline holds it back (a fed job hides its loading behind compute: near 0).")
+    bottleneck_cpu_pressure_ratio: float = Field(
+        0.25, gt=0, le=1, description="Verdict, host layer: share of the short window in which some task on a node "
+        "of the workload waited for a CPU (PSI cpu some), above which CPU pressure holds it back.")
+    bottleneck_io_pressure_ratio: float = Field(
+        0.25, gt=0, le=1, description="Verdict, host layer: share of the short window in which some task on a node "
+        "of the workload waited for I/O (PSI io some), above which I/O pressure holds it back.")
+    bottleneck_memory_full_ratio: float = Field(
+        0.95, gt=0, le=1, description="Verdict, memory layer: share of a GPU's memory in use above which it is near "
+        "full (PyTorch's caching allocator keeps what it reserved: a job at its peak shows it too).")
+    bottleneck_compute_ratio: float = Field(
+        0.5, gt=0, le=1, description="Verdict, kernel layer: the workload's compute share (goodput) at least this "
+        "much before its kernels are judged: the time is in the kernels, not lost elsewhere.")
+    bottleneck_tensor_active_ratio: float = Field(
+        0.2, gt=0, le=1, description="Verdict, kernel layer: mean tensor-pipe activity of the workload's GPUs below "
+        "which its kernels leave the tensor cores idle (DCGM; the SMs' activity is judged against "
+        "underused_sm_active_ratio).")
     # --- inference (serving engines' metrics, and the client's request events) -----------------------------
     inference_engines: list[str] = Field(
         ["vllm", "sglang", "tgi"], description="Serving engines whose own metrics the inference rules normalize "
@@ -250,8 +280,8 @@ class RulesSettings(BaseModel):
                      "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
-                     "fabric_congestion_for", "inference_kv_cache_saturated_for", "inference_idle_while_queued_for",
-                     "inference_slo_unmeasured_for")
+                     "fabric_congestion_for", "bottleneck_gpu_recent_window", "inference_kv_cache_saturated_for",
+                     "inference_idle_while_queued_for", "inference_slo_unmeasured_for")
     @classmethod
     def _check_range(cls, value: str) -> str:
         return _range(value)
