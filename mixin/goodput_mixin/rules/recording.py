@@ -64,6 +64,12 @@ def _gpu_memory(s: RulesSettings) -> list[Rule]:
     ]
 
 
+def held(s: RulesSettings) -> str:
+    """One series per GPU and workload holding it, from the processes (a GPU held by two workloads counts for
+    each)."""
+    return f"max by ({s.cluster_label}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)"
+
+
 PIPES = ("tensor", "fp16", "fp32", "fp64")
 
 
@@ -110,11 +116,11 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
         # per workload (GPUs attributed by goodput_gpu_workload_info): the share of its GPUs in each class
         {"record": f"workload:goodput_gpu_activity_class_ratio:avg{w}",
          "expr": f"sum by ({c}, workload, class) (\n"
-                 f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"  {held(s)}\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left (class) {cls}\n)\n"
                  f"/ ignoring (class) group_left ()\n"
                  f"count by ({c}, workload) (\n"
-                 f"  max by ({c}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"  {held(s)}\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left () {cls}\n)"},
     ]
     return [inputs, pipes, classes, shares]
@@ -125,21 +131,21 @@ def _attribution(s: RulesSettings) -> list[list[Rule]]:
     processes, goodput_gpu_pod_info from the kubelet)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     idle = f"gpu:goodput_gpu_idle_ratio:rate{w}"
-    held = {"workload": "goodput_gpu_workload_info", "namespace": "goodput_gpu_pod_info"}
+    infos = {"workload": "goodput_gpu_workload_info", "namespace": "goodput_gpu_pod_info"}
     rules: list[Rule] = [
         # the info series is the many side: a GPU held by two workloads (or MIG slices of two
         # namespaces) counts for each
         {"record": f"{level}:goodput_gpu_idle_ratio:rate{w}",
          "expr": f"avg by ({c}, {level}) (\n  max by ({c}, {n}, uuid, {level}) ({info})\n"
                  f"  * on ({c}, {n}, uuid) group_left () {idle}\n)"}
-        for level, info in held.items()]
+        for level, info in infos.items()]
     phases = f"workload:goodput_phase_seconds:rate{w}"
     ns = "workload:goodput_namespace:info"
     namespaces: list[Rule] = [
         # the namespace of each workload's GPUs; one per workload (a workload is one job, in one namespace)
         {"record": ns,
          "expr": f"topk by ({c}, workload) (1,\n  max by ({c}, workload, namespace) (\n"
-                 f"    max by ({c}, {n}, uuid, workload) (goodput_gpu_workload_info)\n"
+                 f"    {held(s)}\n"
                  f"    * on ({c}, {n}, uuid) group_left (namespace)\n"
                  f"      topk by ({c}, {n}, uuid) (1, max by ({c}, {n}, uuid, namespace) (goodput_gpu_pod_info))\n"
                  "  )\n)"},
@@ -308,11 +314,6 @@ def _breakdown(s: RulesSettings) -> list[Rule]:
     ]
 
 
-def _held(s: RulesSettings) -> str:
-    """One series per GPU and workload holding it (a GPU held by two workloads counts for each)."""
-    return f"max by ({s.cluster_label}, {s.node_label}, uuid, workload) (goodput_gpu_workload_info)"
-
-
 def _peak_flops(s: RulesSettings) -> list[Rule]:
     """The peak FLOPS of each workload's GPUs, per data type. One join per data type: a GPU has a peak per type and
     may be held by several workloads, and PromQL joins no many to many."""
@@ -320,7 +321,7 @@ def _peak_flops(s: RulesSettings) -> list[Rule]:
     return [
         {"record": "workload:goodput_gpu_peak_flops:sum",
          "expr": "\nor\n".join(
-             f"label_replace(\n  sum by ({c}, workload) (\n    {_held(s)}\n    * on ({c}, {n}, uuid) group_left ()\n"
+             f"label_replace(\n  sum by ({c}, workload) (\n    {held(s)}\n    * on ({c}, {n}, uuid) group_left ()\n"
              f'    goodput_gpu_peak_flops{{dtype="{dtype}"}}\n  ),\n  "dtype", "{dtype}", "", ""\n)'
              for dtype in FLOPS_DTYPES)},
     ]
@@ -343,7 +344,7 @@ def _energy(s: RulesSettings) -> list[Rule]:
     return [
         # the energy of the GPUs the workload's processes hold, whole (a GPU held by two workloads counts for each)
         {"record": power,
-         "expr": f"sum by ({c}, workload) (\n  {_held(s)}\n  * on ({c}, {n}, uuid) group_left ()\n"
+         "expr": f"sum by ({c}, workload) (\n  {held(s)}\n  * on ({c}, {n}, uuid) group_left ()\n"
                  f"  rate(goodput_gpu_energy_joules_total[{w}])\n)"},
         {"record": f"workload:goodput_tokens_per_joule:rate{w}",
          "expr": f"workload:goodput_tokens:rate{w}\n  / ({power} > 0)"},

@@ -35,7 +35,7 @@ turn).
 
 from __future__ import annotations
 
-from .recording import Group, Rule
+from .recording import Group, Rule, held
 from .settings import RulesSettings
 
 # The walk: (layer, reason), first match wins. A candidate's value is its place here (1-based); healthy comes last.
@@ -127,7 +127,7 @@ def _gpu_use(s: RulesSettings) -> list[Rule]:
 def _workload(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     recent = s.bottleneck_gpu_recent_window
-    held_now = f"max by ({c}, {n}, uuid, workload) (goodput_gpu_workload_info)"
+    held_now = held(s)
     held_recently = f"max by ({c}, {n}, uuid, workload) (max_over_time(goodput_gpu_workload_info[{recent}]))"
     events = "|".join(EVENTS)
     # one signal per GPU, the first in the walk (a GPU may be held by several workloads: the many side is theirs)
