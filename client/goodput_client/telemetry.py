@@ -146,9 +146,7 @@ class _Step:
                  tb: TracebackType | None) -> None:
         if kind is None:  # a step that raised did not complete
             now = _perf()
-            telemetry = self._telemetry
-            telemetry._put_step(now - self._started, self.tokens, self.samples, self.step, self.flops,
-                                None if telemetry._open else now - telemetry._t0)
+            self._telemetry._put_step(now, now - self._started, self.tokens, self.samples, self.step, self.flops)
 
 
 class _Invalid(ValueError):
@@ -488,14 +486,14 @@ class Telemetry:
     def record_step(self, duration_seconds: float, tokens: int = 0, samples: int = 0, step: int | None = None,
                     flops: float | None = None) -> None:
         """A step of `duration_seconds` that ends now (the arguments as `step()` takes them)."""
-        now = _perf()
-        self._put_step(float(duration_seconds), tokens, samples, step, flops,
-                       None if self._open else now - self._t0)
+        self._put_step(_perf(), float(duration_seconds), tokens, samples, step, flops)
 
-    def _put_step(self, duration: float, tokens: int, samples: int, step: int | None, flops: float | None,
-                  elapsed: float | None) -> None:
+    def _put_step(self, now: float, duration: float, tokens: int, samples: int, step: int | None,
+                  flops: float | None) -> None:
+        """A step that ended at `now`: its elapsed time only when no phase block is open (the enclosing phase
+        accounts for those seconds)."""
         self._put(("step", duration, tokens, samples, self._step_number(step), self._step_flops(flops, tokens),
-                   elapsed))
+                   None if self._open else now - self._t0))
 
     def _step_number(self, step: object) -> int | None:
         """The number sent with a completed step, None for none; an explicit one resets the count."""
@@ -504,13 +502,12 @@ class Telemetry:
             if explicit is None and self._last_step is None:
                 return None  # where a restarted process went back to is not known: no number
             number = self._last_step = self._last_step + 1 if explicit is None else explicit  # type: ignore[operator]
-        if step is not None and explicit is None:  # not sent; the count goes on as for a step without one
+        # not sent: a number given that is no such int (the count goes on as for a step without one), or a count
+        # past MAX_COUNT
+        refused = step if step is not None and explicit is None else number if number > MAX_COUNT else None
+        if refused is not None:
             self._warn_once("step", "goodput telemetry: step number %s not sent: expected an int within "
-                            "[1, %d]", repr(step), MAX_COUNT)
-            return None
-        if number > MAX_COUNT:
-            self._warn_once("step", "goodput telemetry: step number %s not sent: expected an int within "
-                            "[1, %d]", number, MAX_COUNT)
+                            "[1, %d]", repr(refused), MAX_COUNT)
             return None
         return number
 
