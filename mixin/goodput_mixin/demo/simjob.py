@@ -24,11 +24,13 @@ from pathlib import Path
 from goodput_client import Telemetry
 from goodput_client.contract import FLIGHT_DUMP_PREFIX
 
+from exporter.sources.nvml.peak_flops import peak_flops
+from exporter.sources.nvml.simulated import MODEL
+
 TOKENS_PER_STEP = 4096
 GRADIENT_FLOATS = 1 << 20
-# The simulated GPUs are H100 SXM (exporter.sources.nvml.simulated.MODEL): bf16 dense tensor peak 989.5 TFLOPS, half
-# the datasheet's "BFLOAT16 Tensor Core* 1,979 teraFLOPS" (* with sparsity).
-PEAK_BF16_FLOPS = 989.5e12
+# The simulated GPUs' bf16 dense tensor peak, from the daemon's datasheet table (an H100 SXM: 989.5 TFLOPS)
+PEAK_BF16_FLOPS = peak_flops(MODEL)["bf16"]
 # Model FLOPs per step: a healthy rank's MFU is about 40% of that peak. A healthy step takes about 0.7 x
 # step_seconds (data_wait 0.1 and compute 0.6 of it; the all-reduce adds next to nothing), so each step declares
 # 0.4 x 989.5e12 x 0.7 x step_seconds FLOPs (the checkpoints and the sleeps' overhead bring the MFU a little below 40%).
@@ -85,7 +87,6 @@ class SimulatedJob:
         self.faults.crash_at = [None] * ranks
         self.flops_per_step = HEALTHY_MFU * PEAK_BF16_FLOPS * HEALTHY_STEP_SHARE * step_seconds
         self.steps = [0] * ranks  # steps each rank completed, redone ones included
-        self.step_number = [0] * ranks  # the number of the last step each rank completed (1, 2, ...)
         self.highest = [0] * ranks  # the highest step number each rank completed
         self.checkpoint = [0] * ranks  # the step each rank's last checkpoint holds the state after (0: none yet)
         self.crashes = [0] * ranks  # its processes that died
@@ -201,7 +202,6 @@ class SimulatedJob:
                     self.wasted_seconds[rank] += self._first[rank].get(number, 0.0)
                 else:
                     self._first[rank][number] = duration
-                self.step_number[rank] = number
                 self.highest[rank] = max(self.highest[rank], number)
                 if number % CHECKPOINT_EVERY == 0:
                     with telemetry.phase("checkpoint_save"):
