@@ -152,7 +152,7 @@ class IngestState:
         self._save_lock = threading.Lock()  # one write at a time, the last with the newest accounts
         self._changed = False
         if state_file is not None:
-            self._restore(state_file.load())
+            self._restore(state_file)
         # (workload, model) -> its requests; apart from the ranks: a rank's end leaves them, idleness expires them
         self._models: dict[tuple[str, str], _Model] = {}
         # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
@@ -234,9 +234,10 @@ class IngestState:
             return account
         return Account(self.step_history, "/".join(key))
 
-    def _restore(self, items: list[dict[str, object]]) -> None:
+    def _restore(self, state_file: StateFile) -> None:
         """The accounts of the state file, dormant until their ranks report again; a malformed one is skipped
-        (counted as corrupt)."""
+        (the file counted as corrupt, a copy kept)."""
+        items = state_file.load()
         problems = []
         for item in items:
             try:
@@ -244,12 +245,11 @@ class IngestState:
                 self._dormant[key] = Account.from_dict(self.step_history, "/".join(key), item["account"])  # type: ignore[arg-type]
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
                 problems.append(f"{exc.__class__.__name__}: {exc}")
-        if problems and self.state_file is not None:
-            self.state_file.quarantine(f"{len(problems)} of its {len(items)} accounts are malformed, the first: "
-                                       f"{problems[0]}", partly=True)
+        if problems:
+            state_file.quarantine(f"{len(problems)} of its {len(items)} accounts are malformed, the first: "
+                                  f"{problems[0]}", partly=True)
         if items:
-            log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant),
-                     self.state_file.path if self.state_file else "")
+            log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant), state_file.path)
 
     def save(self) -> None:
         """Write the state file if anything changed since the last write (the source does it before publishing
