@@ -48,6 +48,20 @@ MODEL_FLOPS = _m(
     "goodput_model_flops_total", Kind.COUNTER, "flops",
     "Model FLOPs of the rank's completed steps as the job declared them, by the data type they run in (dtype), for "
     "model FLOPs utilization against goodput_gpu_peak_flops.", (*WR, "dtype"))
+STEP_TIME = _m(
+    "goodput_step_time_seconds", Kind.GAUGE, "seconds",
+    "The rank's step duration at three time scales, to tell a transient from a trend: window=\"last\" the last "
+    "step, \"1m\" the median of the last minute's steps, \"1h\" the median of the last hour's per-minute medians.",
+    (*WR, "window"))
+STEP_BASELINE = _m(
+    "goodput_step_time_baseline_seconds", Kind.GAUGE, "seconds",
+    "The step duration the rank's change detector holds as its normal level (robust to checkpoint and evaluation "
+    "spikes); it moves only when a lasting shift is detected.", WR)
+STEP_SHIFTS = _m(
+    "goodput_step_time_shifts_total", Kind.COUNTER, "",
+    "Lasting shifts of the rank's step duration found by its change detector, by direction (up: slower, down: "
+    "faster). A shift on one rank of a job is a new straggler; on every rank, a job-wide regression.",
+    (*WR, "direction"))
 RESTARTS = _m(
     "goodput_workload_restarts_total", Kind.COUNTER, "", "Restarts the job reported.", WR)
 LAST_EVENT = _m(
