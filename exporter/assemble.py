@@ -29,7 +29,10 @@ def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None, 
         if not settings.enabled:
             log.info("source %s is disabled", spec.name)
             continue
-        scheduled.append(Scheduled(spec.build(node, settings), settings.interval, settings.timeout))
+        scheduled.append(Scheduled(spec.build(node, settings), settings.interval, settings.timeout, settings.adaptive,
+                                   settings.min_interval, settings.max_interval))
     faults = fault_schedule(node.gpu_backend, config.simulate, node.fabric)
-    return Daemon(scheduled, node.gpu_backend.name, order=[spec.name for spec in SOURCES],
-                  on_start=[faults] if faults else [])
+    daemon = Daemon(scheduled, node.gpu_backend.name, order=[spec.name for spec in SOURCES],
+                    on_start=[faults] if faults else [])
+    node.boost = lambda seconds: [daemon.boost(name, seconds) for name in daemon.runners]
+    return daemon

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import yaml
+from goodput_client.contract import CAPTURES_ENV
 from pydantic import BaseModel, BeforeValidator, Field, ValidationError, create_model
 
 from .core.settings import (
@@ -42,6 +43,9 @@ from .sources.nvml.settings import FaultSpec, SimulateConfig, simulate_shorthand
 __all__ = ["Config", "ConfigError", "FaultSpec", "env_name", "flag_name", "load", "settable_keys"]
 
 ENV_PREFIX = "GOODPUT_"
+# GOODPUT_* variables of the other tools, which the daemon leaves alone (an image or a shell may set them for all):
+# the training client's captures switch and the Prometheus that `goodput-exporter diagnose` asks
+OTHER_TOOLS_VARIABLES = frozenset({CAPTURES_ENV, "GOODPUT_PROMETHEUS_URL"})
 # Kubernetes injects service links for a Service named goodput-exporter into every pod of the
 # namespace (GOODPUT_EXPORTER_SERVICE_HOST, GOODPUT_EXPORTER_PORT_9445_TCP, ...): not ours, ignored.
 _SERVICE_LINK = re.compile(
@@ -122,7 +126,8 @@ def env_overrides(environ: Mapping[str, str]) -> dict[str, dict[str, str]]:
     known[f"{ENV_PREFIX}SIMULATE"] = ("simulate", "gpus")
     out: dict[str, dict[str, str]] = {}
     for name, value in environ.items():
-        if not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG" or _SERVICE_LINK.match(name):
+        if (not name.startswith(ENV_PREFIX) or name == f"{ENV_PREFIX}CONFIG" or name in OTHER_TOOLS_VARIABLES
+                or _SERVICE_LINK.match(name)):
             continue
         if name not in known:
             raise ConfigError(f"unknown environment variable {name} (known: see docs/configuration.md)")

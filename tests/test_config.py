@@ -46,6 +46,7 @@ def test_precedence_file_env_flags(tmp_path: Path) -> None:
     ("nvml:\n  intervall: 1s\n", [], {}, "nvml.intervall: unknown key"),
     ("nvlm:\n  interval: 1s\n", [], {}, "nvlm: unknown key"),
     ("nvml:\n  interval: soon\n", [], {}, "nvml.interval: invalid duration 'soon'"),
+    ("nvml:\n  adaptive: true\n  interval: 10s\n", [], {}, "max_interval 40s is longer than the 20s of utilization"),
     ("nvml:\n  interval: -1s\n", [], {}, "nvml.interval: invalid duration"),
     ("host:\n  interval: 0\n", [], {}, "host.interval: duration must be positive"),
     ("host:\n  interval: inf\n", [], {}, "host.interval: duration 'inf' is longer than the maximum"),
@@ -123,5 +124,8 @@ def test_kubernetes_service_links_are_not_mistaken_for_config() -> None:
         "GOODPUT_EXPORTER_PORT_9445_TCP_PROTO": "tcp",
         "GOODPUT_EXPORTER_PORT_9445_TCP_ADDR": "10.0.0.7",
         "GOODPUT_NVML_INTERVAL": "2s",
+        # the other tools' variables: the training client's captures switch, diagnose's Prometheus
+        "GOODPUT_CAPTURES": "0",
+        "GOODPUT_PROMETHEUS_URL": "http://prometheus:9090",
     }
     assert load(None, None, environ=env).nvml.interval == 2.0

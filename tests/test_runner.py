@@ -1,17 +1,25 @@
-"""SourceRunner: a source that raises or hangs is counted, logged, marked down; others keep going."""
+"""SourceRunner: a source that raises or hangs is counted, logged, marked down; others keep going. Adaptive
+intervals: fixed when off, grown while steady, shortened by a load change or a boost, within their bounds."""
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 
-from conftest import wait_for
+import pytest
+from conftest import ManualClock, live_server, quick_config, value, wait_for
 
+from exporter.config import ConfigError, load
+from exporter.core.adaptive import STEADY_RUNS
+from exporter.core.daemon import Daemon, Scheduled
 from exporter.core.exposition import Batch
 from exporter.core.runner import SourceRunner
 from exporter.core.source import SourceError
 from exporter.core.store import Store
 from exporter.sources.host import metrics as c
+from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
+from exporter.sources.nvml.source import NvmlSource
 
 
 class Scripted:
@@ -110,3 +118,197 @@ def test_a_batch_that_cannot_be_published_is_counted_and_the_loop_goes_on() -> N
     assert not runner.up and runner.errors["publish"] == 1
     runner.run_once()
     assert runner.up and isinstance(published[-1], Batch)
+
+
+# --- adaptive intervals ------------------------------------------------------------------------------------------
+
+class SimulatedNode:
+    """Real NVML collections of simulated GPUs, on a manual clock that the runner's collections advance: each
+    `collect()` moves the clock on by the runner's interval, as the runner's loop would wait."""
+
+    def __init__(self, adaptive: bool = True, pattern: str = "busy", gpus: int = 4, **bounds: float) -> None:
+        """`pattern`: "busy" or "idle" (every GPU always busy, or idle: nothing moves but counters, at constant
+        rates), or the simulator's "training" job."""
+        self.clock = ManualClock()
+        self.sim = SimulatedGpus(gpus, clock=self.clock, pattern="training" if pattern == "training" else "square")
+        if pattern != "training":
+            self.load(1.0 if pattern == "busy" else 0.0)
+        self.source = NvmlSource(self.sim, clock=self.clock)
+        self.store = Store()
+        self.runner = SourceRunner(self.source, interval=1.0, timeout=5, publish=self.store.publish,
+                                   clock=self.clock, monotonic=self.clock, adaptive=adaptive,
+                                   min_interval=bounds.get("min_interval", 0.25),
+                                   max_interval=bounds.get("max_interval", 4.0))
+
+    def collect(self, times: int = 1) -> list[float]:
+        """The interval after each of `times` collections."""
+        intervals = []
+        for _ in range(times):
+            self.clock.advance(self.runner.interval)
+            self.runner.run_once()
+            assert self.runner.up
+            intervals.append(self.runner.interval)
+        return intervals
+
+    def load(self, share: float) -> None:
+        """Every GPU switches to being busy `share` of the time (in 20 ms cycles): a job-wide load change."""
+        cycle = 0.02
+        pattern = Pattern([(1.0, round(share))]) if share in (0.0, 1.0) else Pattern.square(share * cycle,
+                                                                                             (1 - share) * cycle)
+        for gpu in range(self.sim.count):
+            self.sim.set_pattern(gpu, pattern)
+
+
+def test_adaptive_off_keeps_the_interval_exactly_whatever_the_batches_do() -> None:
+    node = SimulatedNode(adaptive=False)
+    assert node.collect(12) == [1.0] * 12  # steady
+    intervals = []
+    for share in (0.0, 0.3, 0.6, 1.0):
+        node.load(share)
+        intervals += node.collect(1)
+    assert intervals == [1.0] * 4  # fast change
+    assert not node.runner.boost(60) and node.runner.interval == 1.0
+
+
+def test_a_steady_source_grows_to_max_interval_and_no_further() -> None:
+    node = SimulatedNode()
+    intervals = node.collect(60)
+    assert intervals[0] == 1.0  # the first batch has nothing to be compared with
+    grown = sorted(set(intervals))
+    assert grown == [1.0, 1.5, 2.25, 3.375, 4.0], grown  # x1.5 per STEADY_RUNS steady collections, capped at max
+    assert intervals.index(1.5) == STEADY_RUNS  # the first batch, then STEADY_RUNS steady ones
+    assert intervals[-30:] == [4.0] * 30
+
+
+def test_a_training_jobs_data_stalls_are_not_read_as_fast_change() -> None:
+    """The simulated training job stalls on its data loader every 25 steps (7-8 s): at 1 s some windows are
+    empty. Once seen, a stall is inside its metrics' recent range, and the interval still grows."""
+    node = SimulatedNode(pattern="training", gpus=8)
+    began = node.clock()
+    at_most: list[tuple[float, float]] = []  # (interval, seconds spent at it)
+    while node.clock() - began < 300:  # five minutes of the job
+        interval = node.runner.interval
+        node.collect(1)
+        at_most.append((interval, interval))
+    spent = sum(seconds for interval, seconds in at_most if interval >= 3.375) / sum(s for _, s in at_most)
+    assert max(interval for interval, _ in at_most) == 4.0
+    assert spent > 0.6, spent
+
+
+def test_a_load_ramp_shortens_the_interval_down_to_min_interval() -> None:
+    node = SimulatedNode(pattern="idle")
+    node.collect(40)
+    assert node.runner.interval == 4.0
+    intervals = []
+    for share in (0.2, 0.4, 0.6, 0.8, 1.0):  # a job starts and ramps up: each level beyond the recent range
+        node.load(share)
+        intervals += node.collect(1)
+    assert intervals == [2.0, 1.0, 0.5, 0.25, 0.25]  # halved each time, not below min_interval
+    assert max(node.collect(20)) > 0.25  # steady again: it grows back
+
+
+def test_levels_within_the_recent_range_are_not_fast_change() -> None:
+    """A drop to a level seen a minute ago (the job's own texture) is news once, not every time."""
+    node = SimulatedNode()
+    node.collect(40)
+    node.load(0.0)  # the job stops
+    assert node.collect(1) == [2.0]
+    node.load(0.5)  # halfway between the two levels just seen
+    assert node.collect(1) == [2.0]
+
+
+def test_a_boost_holds_min_interval_then_releases_it() -> None:
+    node = SimulatedNode()
+    node.collect(40)
+    assert node.runner.interval == 4.0
+    assert node.runner.boost(10.0)
+    intervals = node.collect(39)  # 9.75 s at min_interval: the boost still holds
+    assert intervals == [0.25] * 39
+    node.clock.advance(0.3)
+    assert node.runner.interval == 4.0  # over: back to the interval the batches asked for
+    assert node.runner.boost(1.0) and node.runner.boost(0.5)  # a shorter boost does not cut a longer one short
+    node.clock.advance(0.75)
+    assert node.runner.interval == 0.25
+
+
+def test_a_boost_wakes_a_runner_waiting_out_a_long_interval() -> None:
+    source = Scripted("host")
+    runner = SourceRunner(source, interval=30, timeout=1, publish=Store().publish, adaptive=True,
+                          min_interval=0.05, max_interval=60)
+    runner.start()
+    try:
+        wait_for(lambda: source.calls == 1)
+        assert runner.boost(5.0)
+        wait_for(lambda: source.calls >= 5, timeout=3)  # without the wake-up, the next call is 30 s away
+    finally:
+        runner.stop()
+
+
+def test_bounds_default_from_the_interval_and_errors_name_the_keys() -> None:
+    nvml = load(None, {"nvml": {"interval": "2s", "adaptive": "true"}}, environ={}).nvml
+    assert (nvml.adaptive, nvml.min_interval, nvml.max_interval) == (True, 0.5, 8.0)
+    host = load(None, {}, environ={}).host  # a source whose own default interval is 5 s
+    assert (host.adaptive, host.interval, host.min_interval, host.max_interval) == (False, 5.0, 1.25, 20.0)
+    kubelet = load(None, {"kubelet": {"interval": "10h"}}, environ={}).kubelet
+    assert kubelet.max_interval == 86_400.0  # interval x 4, at most the longest duration
+    flags = load(None, {"nvml": {"min_interval": "100ms", "max_interval": "1m"}},
+                 environ={"GOODPUT_NVML_INTERVAL": "3s"}).nvml
+    assert (flags.min_interval, flags.interval, flags.max_interval) == (0.1, 3.0, 60.0)
+    with pytest.raises(ConfigError, match=r"nvml: min_interval 2s is longer than interval 1s"):
+        load(None, {"nvml": {"min_interval": "2s"}}, environ={})
+    with pytest.raises(ConfigError, match=r"host: max_interval 2s is shorter than interval 5s"):
+        load(None, {"host": {"max_interval": "2s"}}, environ={})
+    with pytest.raises(ConfigError, match=r"nvml.interval: invalid duration") as error:
+        load(None, {"nvml": {"interval": "soon"}}, environ={})
+    assert "min_interval" not in str(error.value)  # the interval's own error, not one about the bounds
+
+
+def test_the_interval_gauge_is_published_fixed_or_adapted() -> None:
+    daemon = Daemon([Scheduled(Scripted("host"), 5.0, 1.0),
+                     Scheduled(Scripted("ingest"), 1.0, 1.0, adaptive=True, min_interval=0.2, max_interval=4.0)],
+                    "simulated")
+    text = daemon.store.exposition().decode()
+    assert value(text, "goodput_exporter_source_interval_seconds", source="host") == 5.0
+    assert value(text, "goodput_exporter_source_interval_seconds", source="ingest") == 1.0
+    assert daemon.boost("ingest", 60) and not daemon.boost("host", 60) and not daemon.boost("nope", 60)
+    daemon.runners["ingest"].run_once()
+    text = daemon.store.exposition().decode()
+    assert value(text, "goodput_exporter_source_interval_seconds", source="ingest") == 0.2
+    assert value(text, "goodput_exporter_source_interval_seconds", source="host") == 5.0
+
+
+def test_live_daemon_publishes_the_adapted_interval_and_a_boost() -> None:
+    config = quick_config(nvml={"interval": "200ms", "adaptive": "true", "max_interval": "400ms"},
+                          host={"enabled": False}, ingest={"enabled": False}, flight={"enabled": False})
+    gpus = SimulatedGpus(2)
+    for gpu in range(2):
+        gpus.set_pattern(gpu, Pattern([(1.0, 1)]))  # always busy: steady
+    with live_server(config, backend=gpus) as live:
+        live.metrics_when("goodput_exporter_source_interval_seconds", 0.4, source="nvml")  # steady: grown to max
+        assert live.daemon.boost("nvml", 30)
+        live.metrics_when("goodput_exporter_source_interval_seconds", 0.05, source="nvml")  # 200ms / 4
+
+
+@pytest.mark.parametrize("pattern", ["training", "square"])
+def test_idle_seconds_stay_within_one_percent_of_truth_with_adaptive_polling(pattern: str) -> None:
+    """tests/test_nvml_source.py's accuracy check with the poll at the adapted interval (it moves between 250 ms
+    and 4 s here) instead of every second: every 15 s scrape-to-scrape increase of the idle counter is within 1%
+    of the simulator's exact idle time. NVML keeps 20 s of samples: any interval up to that loses none."""
+    node = SimulatedNode(pattern="training", gpus=2)
+    if pattern == "square":
+        node.load(0.5)
+    began = node.clock()
+    scrapes: list[tuple[float, float]] = []
+    intervals = set()
+    next_scrape = began + 15
+    while node.clock() - began < 600:
+        if node.clock() + node.runner.interval > next_scrape:  # a scrape before the next poll reads the last batch
+            text = node.store.exposition().decode()
+            scrapes.append((node.sim.last_sample_time(), value(text, "goodput_gpu_idle_seconds_total", gpu="1")))
+            next_scrape += 15
+        intervals.update(node.collect(1))
+    assert len(intervals) > 2  # the interval did move
+    for (t0, idle0), (t1, idle1) in itertools.pairwise(scrapes[1:]):
+        truth = node.sim.truth_idle_seconds(1, t0, t1)
+        scale = truth if truth > 1.0 else t1 - t0  # a fully busy window: against the window's length
+        assert abs(idle1 - idle0 - truth) / scale < 0.01

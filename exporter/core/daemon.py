@@ -28,11 +28,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Scheduled:
-    """A built source with how often it collects and how long a collection may take."""
+    """A built source with how often it collects and how long a collection may take; with `adaptive`, the interval
+    moves within [min_interval, max_interval] (None: the interval itself)."""
 
     source: Source
     interval: float
     timeout: float
+    adaptive: bool = False
+    min_interval: float | None = None
+    max_interval: float | None = None
 
 
 def _process_metrics() -> CollectorRegistry:
@@ -58,7 +62,8 @@ class Daemon:
         for item in sources:
             self.runners[item.source.name] = SourceRunner(
                 item.source, item.interval, item.timeout, publish=self.store.publish,
-                on_done=self.publish_self_metrics)
+                on_done=self.publish_self_metrics, adaptive=item.adaptive, min_interval=item.min_interval,
+                max_interval=item.max_interval)
         self.publish_self_metrics()
 
     def start(self) -> None:
@@ -77,6 +82,15 @@ class Daemon:
         for runner in self.runners.values():
             runner.stop()
 
+    def boost(self, source: str, seconds: float) -> bool:
+        """Hold `source` at its min_interval for the next `seconds` (a capture runs and its signals matter more).
+        False when no such source runs or it is not adaptive: a fixed interval stays fixed."""
+        runner = self.runners.get(source)
+        if runner is None or not runner.boost(seconds):
+            return False
+        log.debug("source %s: held at %gs for %gs", source, runner.interval, seconds)
+        return True
+
     def ready(self) -> dict[str, bool]:
         """Per enabled source: has it finished its first collection?"""
         return {name: runner.completed.is_set() for name, runner in self.runners.items()}
@@ -90,6 +104,7 @@ class Daemon:
                 batch.add(health.SOURCE_UP, labels, 1 if runner.up else 0)
                 if runner.last_duration is not None:
                     batch.add(health.SOURCE_DURATION, labels, runner.last_duration)
+                batch.add(health.SOURCE_INTERVAL, labels, runner.interval)
                 if runner.last_success is not None:
                     batch.add(health.SOURCE_LAST_SUCCESS, labels, runner.last_success)
                 batch.add(health.SOURCE_COLLECTIONS, labels, runner.collections)

@@ -13,6 +13,10 @@ SOURCE_UP = _m(
 SOURCE_DURATION = _m(
     "goodput_exporter_source_collection_duration_seconds", Kind.GAUGE, "seconds",
     "Wall time of the source's last finished collection.", SRC)
+SOURCE_INTERVAL = _m(
+    "goodput_exporter_source_interval_seconds", Kind.GAUGE, "seconds",
+    "Seconds between the source's collections now: its interval, or with adaptive the interval it adapted to "
+    "(min_interval while a capture holds it there).", SRC)
 SOURCE_LAST_SUCCESS = _m(
     "goodput_exporter_source_last_success_timestamp_seconds", Kind.GAUGE, "seconds",
     "Unix time of the source's last successful collection; absent before the first.", SRC)

@@ -1,4 +1,5 @@
-"""Runs one source in the background on its interval, with a timeout, and keeps its health."""
+"""Runs one source in the background on its interval (fixed, or adapted to its data), with a timeout, and keeps
+its health."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 
+from .adaptive import Cadence
 from .exposition import Batch
 from .source import Source, SourceError
 
@@ -22,6 +24,9 @@ class SourceRunner:
     A collection that raises or runs past `timeout` is counted by reason and logged; the source is
     marked down and its series are withdrawn (stale numbers would mislead). A hung call is left to
     finish: no new collection starts until it returns, so hung calls never pile up threads.
+
+    With `adaptive`, the interval follows the source's batches within [min_interval, max_interval]
+    (`adaptive.Cadence`), and `boost()` holds it at min_interval for a while (a capture runs).
     """
 
     def __init__(
@@ -32,15 +37,23 @@ class SourceRunner:
         publish: Callable[[str, Batch | None], None],
         on_done: Callable[[], None] = lambda: None,
         clock: Callable[[], float] = time.time,
+        adaptive: bool = False,
+        min_interval: float | None = None,
+        max_interval: float | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`clock`: the wall clock of the last-success timestamp; `monotonic`: the clock the batches are timed
+        on and a boost lasts on (tests run them on a manual one)."""
         self.source = source
         self.name = source.name
-        self.interval = interval
+        self.cadence = Cadence(interval, adaptive, min_interval, max_interval, clock=monotonic)
         self.timeout = timeout
         self._publish = publish
         self._on_done = on_done
         self._clock = clock
+        self._monotonic = monotonic
         self._stop = threading.Event()
+        self._wake = threading.Event()  # set by stop() and boost(): the loop stops waiting
         self._thread = threading.Thread(target=self._loop, name=f"source-{self.name}", daemon=True)
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"collect-{self.name}")
         self._hung: Future[Batch] | None = None
@@ -53,11 +66,25 @@ class SourceRunner:
         self.last_success: float | None = None
         self.errors: Counter[str] = Counter()
 
+    @property
+    def interval(self) -> float:
+        """Seconds between collections now."""
+        return self.cadence.interval
+
+    def boost(self, seconds: float) -> bool:
+        """Collect at min_interval for the next `seconds`, starting now. False (and nothing done) unless the
+        source is adaptive: a fixed interval stays fixed."""
+        if not self.cadence.boost(seconds):
+            return False
+        self._wake.set()
+        return True
+
     def start(self) -> None:
         self._thread.start()
 
     def stop(self, wait: float = 2.0) -> None:
         self._stop.set()
+        self._wake.set()
         self._thread.join(wait)
         self._worker.shutdown(wait=False, cancel_futures=True)
         try:
@@ -69,12 +96,19 @@ class SourceRunner:
         deadline = time.monotonic()
         while not self._stop.is_set():
             self.run_once()
+            scheduled = deadline
             deadline += self.interval
             now = time.monotonic()
             if deadline < now:  # a slow collection: skip the missed ticks, do not burst
                 deadline = now
-            if self._stop.wait(deadline - now):
-                break
+            while self._wake.wait(deadline - now):
+                if self._stop.is_set():
+                    return
+                self._wake.clear()  # a boost: the next collection is due min_interval after this one's tick
+                deadline = min(deadline, scheduled + self.interval)
+                now = time.monotonic()
+                if deadline < now:
+                    deadline = now
 
     def run_once(self) -> None:
         if self._hung is not None:
@@ -83,6 +117,7 @@ class SourceRunner:
             log.info("source %s: the hung collection returned after all", self.name)
             self._hung = None
         started = time.monotonic()
+        taken = self._monotonic()
         future = self._worker.submit(self.source.collect)
         try:
             batch = future.result(timeout=self.timeout)
@@ -98,6 +133,8 @@ class SourceRunner:
                 self._succeed(batch)
             except Exception as exc:  # a batch that cannot be published must not end the loop
                 self._fail("publish", f"{exc.__class__.__name__}: {exc}", exc_info=exc)
+            else:
+                self._adapt(batch, taken)
         self.last_duration = time.monotonic() - started
         self.collections += 1
         self.completed.set()
@@ -116,8 +153,21 @@ class SourceRunner:
         self._last_reason = None
         self.last_success = self._clock()
 
+    def _adapt(self, batch: Batch, taken: float) -> None:
+        before = self.cadence.interval
+        try:
+            self.cadence.collected(batch, taken)
+        except Exception:  # measuring a batch must never cost the source its health
+            log.exception("source %s: measuring the batch's change failed", self.name)
+            return
+        after = self.cadence.interval
+        if after != before:
+            log.debug("source %s: interval %gs -> %gs (%.0f%% of its metrics changed)", self.name, before, after,
+                      100 * (self.cadence.last_share or 0.0))
+
     def _fail(self, reason: str, message: str, exc_info: BaseException | None = None) -> None:
         self.errors[reason] += 1
+        self.cadence.failed()
         try:
             self._publish(self.name, None)
         except Exception:

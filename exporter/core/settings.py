@@ -12,7 +12,7 @@ import ipaddress
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
 DEFAULT_PORT = 9445
 MAX_DURATION = 86_400.0
@@ -101,11 +101,50 @@ class LogConfig(Section):
     format: Literal["text", "json"] = Field("text", description="Log line format.")
 
 
+MIN_INTERVAL_SHARE = 0.25  # default min_interval: interval / 4
+MAX_INTERVAL_FACTOR = 4.0  # default max_interval: interval * 4
+
+
 class SourceConfig(Section):
     enabled: bool = Field(True, description="Run this source.")
     interval: Duration = Field(1.0, description="How often the source collects.")
     timeout: Duration = Field(
         5.0, description="A collection running longer than this marks the source down (it is left to finish).")
+    adaptive: bool = Field(
+        False, description="Adapt the interval to the source's data: halve it (down to min_interval) while its "
+        "series change fast or a capture runs, grow it (up to max_interval) while they hold steady. Off: always "
+        "interval.")
+    # None is never validated: _derive_bounds fills both from interval first
+    min_interval: Duration = Field(  # type: ignore[assignment]
+        None, description="With adaptive, the shortest interval; default: interval / 4.")
+    max_interval: Duration = Field(  # type: ignore[assignment]
+        None, description="With adaptive, the longest interval; default: interval x 4 (at most 24h).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_bounds(cls, data: Any) -> Any:
+        """min_interval and max_interval not given: from the interval the section ends up with."""
+        if not isinstance(data, dict) or ("min_interval" in data and "max_interval" in data):
+            return data
+        try:
+            interval = parse_duration(data.get("interval", cls.model_fields["interval"].default))
+        except ValueError:
+            interval = 1.0  # placeholder bounds: the interval's own error is the one reported
+        data = dict(data)
+        data.setdefault("min_interval", interval * MIN_INTERVAL_SHARE)
+        data.setdefault("max_interval", min(interval * MAX_INTERVAL_FACTOR, MAX_DURATION))
+        return data
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> SourceConfig:
+        interval = format_duration(self.interval)
+        if self.min_interval > self.interval:
+            raise ValueError(f"min_interval {format_duration(self.min_interval)} is longer than interval {interval} "
+                             "(need min_interval <= interval <= max_interval)")
+        if self.max_interval < self.interval:
+            raise ValueError(f"max_interval {format_duration(self.max_interval)} is shorter than interval {interval} "
+                             "(need min_interval <= interval <= max_interval)")
+        return self
 
 
 def loopback_address(value: str) -> str:

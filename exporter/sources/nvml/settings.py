@@ -8,9 +8,20 @@ from pydantic import Field, model_validator
 
 from ...core.settings import Duration, Section, SourceConfig
 
+# NVML keeps about this many seconds of a GPU's utilization samples: an nvml source that polls less often than this
+# loses the samples in between, and its idle counter is no longer exact
+NVML_SAMPLE_SECONDS = 20.0
+
 
 class NvmlConfig(SourceConfig):
-    pass
+    @model_validator(mode="after")
+    def _check_sample_buffer(self) -> NvmlConfig:
+        """An adaptive interval never grows past what NVML keeps (a fixed one is the operator's explicit choice)."""
+        if self.adaptive and self.max_interval > NVML_SAMPLE_SECONDS:
+            raise ValueError(f"max_interval {self.max_interval:g}s is longer than the {NVML_SAMPLE_SECONDS:g}s of "
+                             f"utilization samples NVML keeps: samples would be lost (set max_interval to "
+                             f"{NVML_SAMPLE_SECONDS:g}s or less)")
+        return self
 
 
 FaultKind = Literal["lost", "xid", "ecc", "throttle", "hang", "raise", "row_remap_pending", "pcie_degraded",
