@@ -312,7 +312,7 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
     assert value(metrics, "goodput_workload_restarts_total", **labels) == 1
     after = accepted(live)
     assert {kind: after[kind] - before[kind] for kind in EVENT_TYPES} == {
-        "step": 3, "phase": len(PHASES), "lifecycle": 2, "request": 0}
+        "step": 3, "phase": len(PHASES), "lifecycle": 2, "request": 0, "capture": 0}
 
 
 LIMITS = "limits"

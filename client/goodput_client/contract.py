@@ -58,13 +58,44 @@ the daemon's per (workload, model) latency histograms and SLO counts:
 
 The buckets are vLLM's (TTFT_BUCKETS its TTFT bounds, TPOT_BUCKETS = ITL_BUCKETS its inter-token
 bounds), so that the same thresholds work against either.
+
+Captures: the daemon asks a rank for a flight-recorder dump and a profiler trace of its next steps in the
+response to the rank's own POST (the training process opens no port). A 200 response is
+
+    {"accepted": N}                     the events applied, and, when the daemon wants a capture from a
+    {"accepted": N, "captures": [request, ...]}         rank that sent events in this batch:
+    request: {"id": I, "workload": W, "rank": R, "kinds": [K, ...], "steps": S, "dir": D}
+
+    I matches CAPTURE_ID_PATTERN; K in CAPTURE_KINDS; 1 <= S <= MAX_CAPTURE_STEPS; D an absolute path,
+    one directory per capture, shared by its ranks. A request is handed out once.
+
+An empty batch, {"events": []}, is a poll for the sender's requests: a client with captures enabled sends
+one after CAPTURE_POLL_SECONDS with nothing else to send (so a hung training loop is still asked for its
+dump), and names its rank in the query string, as `poll_path(W, R)` builds it:
+
+    POST EVENTS_PATH?workload=W&rank=R  {"events": []}      nothing pending: {"accepted": 0}
+
+The daemon hands out the requests of the ranks named by the batch's events and by the query string. The
+rank answers each kind of a request with one event, in a later batch:
+
+    {"type": "capture", "workload": W, "rank": R, "id": I, "kind": K, "result": X, "path": P, "bytes": N,
+     "message": M}
+
+    X in CAPTURE_RESULTS: "written" (P the file, N its bytes), "failed" (it tried; M says why), "disabled"
+    (this process's captures are off: GOODPUT_CAPTURES=0), "unsupported" (no PyTorch, no profiler, no
+    process group). M at most MAX_CAPTURE_MESSAGE characters; path, bytes and message may be left out
+    (empty, 0, empty). The files, in D:
+
+    profile   profile_trace_name(R) = rank-<R>.pt.trace.json: the torch.profiler Chrome trace of S steps,
+              each marked ProfilerStep#<n>, as Holistic Trace Analysis reads them
+    flight    flight_dump_name(R) = comm_lib_trace_rank_<R>: the `_dump_fr_trace` pickle, taken at once
 """
 
 from __future__ import annotations
 
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
-EVENT_TYPES = ("step", "phase", "lifecycle", "request")
+EVENT_TYPES = ("step", "phase", "lifecycle", "request", "capture")
 PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
 # Deprecated phase names, still accepted on the wire and by the client for one release, and what they count as.
@@ -106,7 +137,34 @@ FLIGHT_DUMP_PREFIX = "comm_lib_trace_rank_"
 FLIGHT_DUMP_PREFIX_LEGACY = "nccl_trace_rank_"  # PyTorch's earlier default, and this client's before
 FLIGHT_DUMP_PREFIXES = (FLIGHT_DUMP_PREFIX, FLIGHT_DUMP_PREFIX_LEGACY)  # the daemon's flight.prefixes default
 
+# --- captures ---
+CAPTURE_KINDS = ("profile", "flight")
+CAPTURE_RESULTS = ("written", "failed", "disabled", "unsupported")
+CAPTURE_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+MAX_CAPTURE_STEPS = 1000  # profiler steps one capture may ask for
+MAX_CAPTURE_MESSAGE = 512  # characters of a capture event's message
+CAPTURE_POLL_SECONDS = 5.0  # a client with captures on and nothing to send polls this often
+CAPTURES_ENV = "GOODPUT_CAPTURES"  # "0" or "false": the client answers every request "disabled"
+
 Event = dict[str, object]
+
+
+def profile_trace_name(rank: int) -> str:
+    """The profiler trace's file name in a capture's directory (".pt.trace.json", as PyTorch's own trace
+    handler names them; Holistic Trace Analysis reads every .json file of a directory, so the dump is not one)."""
+    return f"rank-{rank}.pt.trace.json"
+
+
+def flight_dump_name(rank: int) -> str:
+    """The flight-recorder dump's file name in a capture's directory."""
+    return f"{FLIGHT_DUMP_PREFIX}{rank}"
+
+
+def poll_path(workload: str, rank: int) -> str:
+    """The path of an empty batch that polls for (workload, rank)'s capture requests."""
+    from urllib.parse import urlencode  # here, not at import time
+
+    return f"{EVENTS_PATH}?{urlencode({'workload': workload, 'rank': rank})}"
 
 
 def step_event(workload: str, rank: int, duration_seconds: float, tokens: int = 0, samples: int = 0, *,
@@ -171,6 +229,13 @@ def request_event(workload: str, rank: int, model: str, *, ttft_seconds: float |
     if queue_seconds is not None:
         event["queue_seconds"] = _seconds(queue_seconds)
     return event
+
+
+def capture_event(workload: str, rank: int, capture_id: str, kind: str, result: str, *, path: str = "",
+                  size: int = 0, message: str = "") -> Event:
+    """A rank's answer to one kind of a capture request; the message is cut to MAX_CAPTURE_MESSAGE."""
+    return {"type": "capture", "workload": workload, "rank": rank, "id": capture_id, "kind": kind,
+            "result": result, "path": path, "bytes": int(size), "message": message[:MAX_CAPTURE_MESSAGE]}
 
 
 def batch_body(events: list[Event]) -> dict[str, list[Event]]:

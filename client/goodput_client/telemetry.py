@@ -7,6 +7,9 @@ counted (`Telemetry.dropped`); the loop does not notice.
 Every event carries the process's elapsed time since its Telemetry started (`elapsed_seconds`), so the
 daemon can account for every second of the rank: the seconds no phase covers are its "untracked" phase.
 
+The daemon's answers may ask this rank for a capture (a flight-recorder dump, a profiler trace of its next
+steps: `goodput_client.capture`); the sender thread reads them, and polls for them while it has nothing to send.
+
 Imports only what `import goodput_client` must: the launcher variables, the HTTP transport, JSON and
 logging are imported when a Telemetry is created or first needs them.
 """
@@ -23,6 +26,8 @@ import time
 from bisect import bisect_left
 
 from .contract import (
+    CAPTURE_POLL_SECONDS,
+    CAPTURES_ENV,
     DEFAULT_FLOPS_DTYPE,
     DEFAULT_SOCKET,
     DEFAULT_TPOT_OBJECTIVE,
@@ -43,9 +48,11 @@ from .contract import (
     PHASES,
     SOCKET_ENV,
     batch_body,
+    capture_event,
     encode,
     lifecycle_event,
     phase_event,
+    poll_path,
     request_event,
     step_event,
 )
@@ -57,6 +64,7 @@ if TYPE_CHECKING:  # annotations only: typing is not imported at run time
     from types import TracebackType
     from typing import TypeVar
 
+    from .capture import Answer, Profile
     from .transport import Transport
 
     T = TypeVar("T")
@@ -68,6 +76,7 @@ _KNOWN_REASONS = frozenset(FINISH_REASONS)
 _ITL_SLOTS = len(ITL_BUCKETS) + 1
 _MODELS_REMEMBERED = 4096  # model names whose validity a Telemetry caches
 _INF = float("inf")
+_OFF = frozenset({"0", "false", "no", "off"})  # GOODPUT_CAPTURES values that turn captures off
 
 
 def _log() -> logging.Logger:
@@ -345,6 +354,13 @@ class Telemetry:
     ValueError here, a configuration error found at startup, for: an objective not within
     (0, MAX_SECONDS]; `resumed_from_step` not an int within [0, MAX_COUNT]; a FLOPs figure that is not a
     finite number within [0, MAX_FLOPS], or both of them; a `dtype` not in FLOPS_DTYPES.
+
+    Captures: when the daemon asks (on a step-time shift, a hang, a missing rank, for workloads that opted in
+    there), this rank writes a flight-recorder dump at once and a torch.profiler trace of its next steps into
+    the directory the daemon names, and answers with what it wrote or why it did not. `captures=False` (or
+    GOODPUT_CAPTURES=0 when `captures` is None) answers every request "disabled". With captures on, the sender
+    also polls the daemon after CAPTURE_POLL_SECONDS with nothing to send, so that a hung loop is still asked.
+    A job that is never asked pays one attribute check per step.
     """
 
     def __init__(
@@ -365,6 +381,7 @@ class Telemetry:
         flops_per_step: float | None = None,
         flops_per_token: float | None = None,
         dtype: str = DEFAULT_FLOPS_DTYPE,
+        captures: bool | None = None,
     ) -> None:
         from .transport import Transport
 
@@ -418,6 +435,20 @@ class Telemetry:
         self._warned: set[str] = set()
         self._fr_target: str | None = None
         self._fr_thread: threading.Thread | None = None
+        # captures: whether this process takes them, and why not; the profile capture asked for or running (set
+        # by the sender thread, cleared by the thread that ran it: one attribute check per step while None)
+        if captures is None:
+            self.captures = (os.environ.get(CAPTURES_ENV) or "1").strip().lower() not in _OFF
+            self._captures_off = f"captures are off in this process ({CAPTURES_ENV}=0)"
+        else:
+            self.captures = bool(captures)
+            self._captures_off = "captures are off in this process (Telemetry(captures=False))"
+        self._profile: Profile | None = None
+        self.poll_interval = CAPTURE_POLL_SECONDS  # idle seconds before the sender polls for capture requests
+        self.poll_errors = 0  # polls that failed: no event is lost by one, so they are not `dropped`
+        self._polling = self.captures  # off for good once the daemon refuses a poll (an older one)
+        self._last_post = time.monotonic()
+        self._closing = False
         if url:
             self._transport: Transport = Transport(url=url, token=token, timeout=timeout)
         else:
@@ -494,6 +525,13 @@ class Telemetry:
         accounts for those seconds)."""
         self._put(("step", duration, tokens, samples, self._step_number(step), self._step_flops(flops, tokens),
                    None if self._open else now - self._t0))
+        if self._profile is not None:  # a capture asked for: the hot path's only cost of captures
+            self._profile_step()
+
+    def _profile_step(self) -> None:
+        profile = self._profile
+        if profile is not None and profile.step():
+            self._profile = None
 
     def _step_number(self, step: object) -> int | None:
         """The number sent with a completed step, None for none; an explicit one resets the count."""
@@ -683,14 +721,9 @@ class Telemetry:
         if target is None:
             return
         try:
-            from torch._C._distributed_c10d import _dump_fr_trace
+            from .capture import dump_flight
 
-            data = _dump_fr_trace(True, False, False)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            partial = target + ".partial"
-            with open(partial, "wb") as out:
-                out.write(data)
-            os.replace(partial, target)
+            dump_flight(target)
             self.dumps += 1
         except Exception as exc:  # no torch, no process group, a full disk: never into the loop
             self.dump_errors += 1
@@ -703,7 +736,8 @@ class Telemetry:
             ("phase", name, seconds, elapsed)
             ("step", duration, tokens, samples, number|None, flops|None, elapsed|None)
             ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None)
-            ("request", ...)"""
+            ("request", ...)
+            ("capture", id, kind, result, path, bytes, message)"""
         kind = event[0]
         if kind == "phase":
             return phase_event(self.workload, self.rank, event[1], event[2], elapsed_seconds=event[3])
@@ -718,17 +752,72 @@ class Telemetry:
                                  e2e_seconds=e2e, queue_seconds=queue, prompt_tokens=prompt,
                                  output_tokens=output, itl_counts=itl, itl_sum=itl_sum, finish_reason=reason,
                                  ttft_objective_seconds=ttft_objective, tpot_objective_seconds=tpot_objective)
+        if kind == "capture":
+            _, capture_id, capture_kind, result, path, size, message = event
+            return capture_event(self.workload, self.rank, capture_id, capture_kind, result, path=path, size=size,
+                                 message=message)
         _, name, elapsed, resumed, started_at = event
         return lifecycle_event(self.workload, self.rank, name, elapsed_seconds=elapsed, started_at=started_at,
                                resumed_from_step=resumed)
 
-    def _send(self, batch: list[tuple]) -> str | None:  # type: ignore[type-arg]
-        """Post one batch; None when the daemon accepted it, else what went wrong."""
+    def _send(self, batch: list[tuple], path: str = EVENTS_PATH) -> str | None:  # type: ignore[type-arg]
+        """Post one batch; None when the daemon accepted it (and the capture requests of its answer are taken
+        up), else what went wrong."""
+        self._last_post = time.monotonic()
         try:
-            status, text = self._transport.post(EVENTS_PATH, encode(batch_body([self._encode(e) for e in batch])))
+            status, text = self._transport.post(path, encode(batch_body([self._encode(e) for e in batch])))
         except Exception as exc:  # absent, slow, or anything else: never into the training loop
             return f"{exc.__class__.__name__}: {exc}"
-        return None if status == 200 else f"daemon answered {status}: {text[:200]}"
+        if status != 200:
+            return f"daemon answered {status}: {text[:200]}"
+        if '"captures"' in text:  # the common answer, {"accepted": N}, is not parsed
+            self._take_captures(text)
+        return None
+
+    def _poll(self) -> None:
+        """Ask the daemon for this rank's capture requests with an empty batch. A failed poll loses no event:
+        counted in `poll_errors`, logged at debug level; one the daemon refuses (a daemon older than polls,
+        answering 4xx) is not sent again."""
+        problem = self._send([], poll_path(self.workload, self.rank))
+        if problem is not None:
+            self.poll_errors += 1
+            if problem.startswith("daemon answered 4"):
+                self._polling = False
+            _log().debug("goodput telemetry: capture poll failed (%s)%s", problem,
+                         "" if self._polling else "; not polling again")
+
+    def _take_captures(self, text: str) -> None:
+        """Take up the capture requests of a response (on the sender thread): a flight-recorder dump at once,
+        a profile handed to the training thread's next step boundary; each answered with a capture event."""
+        try:
+            from .capture import Profile, flight, profile_problem, requests_in
+
+            requests, problems = requests_in(text, self.workload, self.rank)
+            for problem in problems:
+                self._warn_once("capture-request", "goodput telemetry: capture request ignored: %s", problem)
+            for request in requests:
+                for kind in request.kinds:
+                    if not self.captures:
+                        self._answer((request.id, kind, "disabled", "", 0, self._captures_off))
+                    elif kind == "flight":
+                        self._answer(flight(request, self.rank))
+                    else:
+                        refusal = profile_problem(request)
+                        if refusal is None and self._profile is not None:
+                            refusal = ("failed", "busy: another profile capture is running in this process")
+                        if refusal is None and self._closing:
+                            refusal = ("failed", "the process is ending")
+                        if refusal is not None:
+                            self._answer((request.id, kind, refusal[0], "", 0, refusal[1]))
+                            continue
+                        # the training thread starts it at its next step boundary
+                        self._profile = Profile(request, self.rank, self._answer)
+        except Exception as exc:  # never into the sender loop
+            self._warn_once("capture", "goodput telemetry: capture requests not taken up: %s", exc)
+
+    def _answer(self, answer: Answer) -> None:
+        self._put(("capture", *answer))
+        self._wake.set()  # sent with the next batch, without waiting for the flush interval
 
     def _send_pending(self) -> None:
         while self._queue:
@@ -749,9 +838,18 @@ class Telemetry:
             self._idle.clear()
             try:
                 self._send_pending()
+                if self._polling and time.monotonic() - self._last_post >= self.poll_interval:
+                    self._poll()
             finally:
                 self._idle.set()
         self._send_pending()
+
+    def _end_profile(self, timeout: float) -> None:
+        """A profile capture asked for or running as the process ends: stopped and answered, never left hanging.
+        One running on another thread is answered and kept, for that thread's next step to stop."""
+        profile = self._profile
+        if profile is not None and profile.close(timeout):
+            self._profile = None
 
     def flush(self, timeout: float = 5.0) -> bool:
         """Send what is queued now; True when the queue was emptied within `timeout`."""
@@ -767,8 +865,13 @@ class Telemetry:
         """Report the end of this rank, send what is left, stop the sender."""
         if self._closed.is_set():
             return
+        self._closing = True  # from now on a profile request is answered "failed", not started
+        self._end_profile(timeout)
         self.lifecycle("end")
         self.flush(timeout)
+        if self._profile is not None:  # asked for by an answer the sender was reading as we began closing
+            self._end_profile(timeout)
+            self.flush(timeout)
         self._closed.set()
         if self._fr_thread is not None:
             self._fr_thread.join(timeout)
