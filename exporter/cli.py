@@ -1,8 +1,9 @@
-"""Command line: `goodput-exporter [serve] [flags]`, `version`, and the build tools' commands.
+"""Command line: `goodput-exporter [serve] [flags]`, `captures`, `version`, and the build tools' commands.
 
-The runtime has two commands of its own. The build tools (the goodput-mixin distribution: `demo`, `rules`,
-`metrics-doc`, `config-doc`) add theirs through the `goodput_exporter.commands` entry points, so they work
-wherever the mixin is installed and the runtime never imports it.
+The runtime has three commands of its own (`captures` lists the daemon's captures from its index). The build tools
+(the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`, `config-doc`, `diagnose`) add theirs through the
+`goodput_exporter.commands` entry points, so they work wherever the mixin is installed and the runtime never
+imports it.
 """
 
 from __future__ import annotations
@@ -23,9 +24,9 @@ from .core.http import bind
 
 log = logging.getLogger("exporter")
 
-BUILTIN = ("serve", "version")
+BUILTIN = ("serve", "version", "captures")
 TOOLS_GROUP = "goodput_exporter.commands"
-TOOLS_HINT = ("the build tools' commands (demo, rules, metrics-doc, config-doc) come with goodput-mixin: "
+TOOLS_HINT = ("the build tools' commands (demo, rules, metrics-doc, config-doc, diagnose) come with goodput-mixin: "
               "pip install ./mixin from the source tree")
 
 
@@ -135,9 +136,10 @@ def _load(entry: EntryPoint) -> Callable[[list[str]], int]:
 
 
 def _usage(tools: dict[str, EntryPoint]) -> str:
-    names = ("serve", *tools, "version")
+    names = ("serve", "captures", *tools, "version")
     lines = [f"usage: goodput-exporter [{'|'.join(names)}] [flags]",
-             "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags"]
+             "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags",
+             "  captures         list the captures the daemon asked ranks for (--dir DIR, --workload W, --json)"]
     for name, entry in tools.items():
         try:
             doc = _load(entry).__doc__ or ""
@@ -173,6 +175,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "version":
         print(__version__)
         return 0
+    if command == "captures":
+        from .captures_cli import main as captures_main
+
+        return captures_main(argv)
     try:
         return serve(parse_serve_args(argv))
     except ConfigError as exc:

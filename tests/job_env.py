@@ -23,6 +23,12 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 CLIENT = ROOT / "client"
 TORCH = "torch==2.13.0"  # the CPU build these machines install from a local wheel (see pyproject.toml)
+# Holistic Trace Analysis, to read captured profiler traces as a user would. Its wheel declares jupyterlab and
+# pytest among its requirements, which `from hta.trace_analysis import TraceAnalysis` does not need: it is installed
+# without them, with what it imports.
+HTA = "holistictraceanalysis==0.5.0"
+HTA_IMPORTS = ("numpy>=1.23.5,<3", "pandas>=1.5.2,<4", "plotly>=5.11,<8", "networkx>=3.1,<4", "pyyaml>=6,<7",
+               "psutil>=5.9,<8")
 DAEMON_MODULES = ("exporter", "fastapi", "httpx", "pydantic")  # none of these may reach a training job
 # what would lead a child process back to the checkout or the dev venv
 LEAKY_VARIABLES = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV", "PYTHONUSERBASE")
@@ -116,3 +122,15 @@ def job_env(tmp_path_factory: pytest.TempPathFactory) -> Venv:
 def client_env(tmp_path_factory: pytest.TempPathFactory) -> Venv:
     """A fresh venv, then `pip install` of client/ alone, with no extra flags."""
     return install(create_venv(tmp_path_factory.mktemp("client-env") / "venv"))
+
+
+@pytest.fixture(scope="session")
+def hta_env(tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    """A venv holding Holistic Trace Analysis (and nothing of this project), to load captured traces."""
+    venv = create_venv(tmp_path_factory.mktemp("hta-env") / "venv")
+    for args in (["--no-deps", HTA], list(HTA_IMPORTS)):
+        result = subprocess.run([str(venv.bin("pip")), "install", "--quiet", *args], env=venv.environ(),
+                                capture_output=True, text=True, timeout=600)
+        if result.returncode != 0:
+            pytest.fail(f"pip install {' '.join(args)} failed:\n{result.stdout[-3000:]}{result.stderr[-3000:]}")
+    return venv

@@ -84,7 +84,7 @@ def test_version_and_help() -> None:
 def test_the_build_tools_commands_come_from_the_mixin_through_entry_points(tmp_path: Path) -> None:
     out = subprocess.run([sys.executable, "-m", "exporter", "--help"], capture_output=True, text=True, check=True,
                          cwd=ROOT).stdout
-    for command in ("serve", "demo", "rules", "metrics-doc", "config-doc", "version"):
+    for command in ("serve", "demo", "rules", "metrics-doc", "config-doc", "diagnose", "captures", "version"):
         assert f"\n  {command} " in out or out.startswith(f"usage: goodput-exporter [{command}"), (command, out)
     # a distribution whose command cannot be imported: named, exit 2, and the other commands still work
     dist = tmp_path / "broken_tools-0.dist-info"

@@ -105,6 +105,28 @@ def test_a_rank_is_not_called_missing_before_the_grace_has_passed(tmp_path: Path
     assert [s["rank"] for s in series(text, "goodput_collective_missing_rank")] == ["1"]
 
 
+def test_a_hang_and_a_missing_rank_ask_the_workloads_ranks_for_captures_once(tmp_path: Path) -> None:
+    """hang4's real dumps: ranks 0, 2, 3 wait ~2 s in the 6th all_reduce, which rank 1 never enqueued."""
+    copy_scenario("hang4", tmp_path)
+    asked: list[tuple[str, list[str], str, str]] = []
+    source = source_for(tmp_path, rank_missing_after="1500ms", hang_after="1500ms")
+    source.on_trouble = lambda workload, ranks, trigger, detail: asked.append((workload, ranks, trigger, detail))
+    render(source)
+    triggers = sorted((trigger, detail) for _, _, trigger, detail in asked)
+    assert [t for t, _ in triggers] == ["hang", "hang", "hang", "rank_missing"], asked
+    assert triggers[-1][1] == "rank 1 missing from all_reduce #6 of pg 0"
+    assert {detail.split(" waits")[0] for trigger, detail in triggers if trigger == "hang"} == {
+        "rank 0", "rank 2", "rank 3"}
+    assert all(workload == "hang4" and ranks == ["0", "1", "2", "3"] for workload, ranks, _, _ in asked)
+    render(source)  # the same dumps again: already acted on
+    assert len(asked) == 4
+    # a hang shorter than hang_after is not one; the missing rank still is
+    source = source_for(tmp_path, rank_missing_after="1500ms")
+    source.on_trouble = lambda workload, ranks, trigger, detail: asked.append((workload, ranks, trigger, detail))
+    render(source)
+    assert [trigger for _, _, trigger, _ in asked[4:]] == ["rank_missing"]
+
+
 def with_membership(scenario: str, root: Path, ranks: dict[str, list[int]]) -> Path:
     """Copies of the dumps with pg_config filled in as NCCL records it: gloo leaves it empty, and
     torchfrtrace cannot match collectives without it."""

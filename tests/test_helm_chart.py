@@ -317,6 +317,14 @@ def test_host_mounts(chart: helm.Chart) -> None:
     in_memory = render(chart, {"ingest": {"stateHostDir": ""}})
     assert "ingest-state" not in {v["name"] for v in pod_spec(in_memory)["volumes"]}
     assert "GOODPUT_INGEST_STATE_DIR" not in env_of(in_memory)
+    # captures are off unless a host directory is named; then jobs and daemon share it at the same path
+    assert "ingest-captures" not in volumes and "GOODPUT_INGEST_CAPTURE_DIR" not in env
+    capturing = render(chart, {"ingest": {"captureHostDir": "/var/lib/goodput-exporter/captures"}})
+    spec = pod_spec(capturing)
+    volume = next(v for v in spec["volumes"] if v["name"] == "ingest-captures")
+    mount = next(m for m in spec["containers"][0]["volumeMounts"] if m["name"] == "ingest-captures")
+    assert volume["hostPath"] == {"path": "/var/lib/goodput-exporter/captures", "type": "DirectoryOrCreate"}
+    assert mount["mountPath"] == env_of(capturing)["GOODPUT_INGEST_CAPTURE_DIR"] == volume["hostPath"]["path"]
 
 
 def test_gpu_node_scheduling(chart: helm.Chart) -> None:

@@ -312,7 +312,7 @@ def test_the_installed_cli_runs_and_names_where_the_build_tools_are(image_venv: 
     exe = str(image_venv / "bin" / "goodput-exporter")
     version = subprocess.run([exe, "version"], capture_output=True, text=True, cwd=tmp_path, check=True)
     assert PYPROJECT["project"]["version"] in version.stdout
-    for command in ("rules", "demo", "metrics-doc", "config-doc"):  # goodput-mixin's, not in the image
+    for command in ("rules", "demo", "metrics-doc", "config-doc", "diagnose"):  # goodput-mixin's, not in the image
         result = subprocess.run([exe, command], capture_output=True, text=True, cwd=tmp_path)
         assert result.returncode == 2, (command, result.stdout, result.stderr)
         assert "goodput-mixin" in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -29,6 +29,11 @@ class Node:
     fabric: Any = None  # sources.fabric.sysfs.SysfsView: the simulated fabric; None: the host's sysfs
     # what processes declared over the events socket (ingest's, for process): set by a source built earlier
     declarations: Callable[[], Any] | None = None
+    # asks the ranks of a workload on this node for captures: (workload, ranks, trigger, detail) -> the capture's
+    # id or None; ingest's (its captures), for flight's hangs and missing ranks; None: captures are off
+    captures: Callable[[str, list[str], str, str], Any] | None = None
+    # holds every adaptive source at its shortest interval for the given seconds (the daemon's, set once it is built)
+    boost: Callable[[float], Any] | None = None
 
 
 @dataclass(frozen=True)

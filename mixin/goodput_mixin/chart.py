@@ -166,7 +166,8 @@ def values_schema() -> dict[str, Any]:
         "port": {"type": "integer", "minimum": 1, "maximum": 65535},
         "livenessProbe": _PROBE, "readinessProbe": _PROBE,
         "ingest": _object({"enabled": _BOOL, "hostDir": _ABS_PATH,
-                           "stateHostDir": {"type": "string", "pattern": "^(/.*)?$"}}),  # "": in memory only
+                           "stateHostDir": {"type": "string", "pattern": "^(/.*)?$"},  # "": in memory only
+                           "captureHostDir": {"type": "string", "pattern": "^(/.*)?$"}}),  # "": no captures
         "flight": _object({"enabled": _BOOL, "hostDir": _ABS_PATH}),
         "kubelet": _object({
             "enabled": _BOOL, "podResourcesHostDir": _ABS_PATH,

@@ -12,7 +12,9 @@ from .settings import FlightConfig
 def _build(node: Node, settings: Any) -> Source:
     from .source import FlightSource
 
-    return FlightSource(settings)
+    source = FlightSource(settings)
+    source.on_trouble = node.captures
+    return source
 
 
 SPEC = SourceSpec("flight", "Collectives (source `flight`, from PyTorch flight-recorder dumps)", FlightConfig,

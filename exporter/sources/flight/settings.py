@@ -36,6 +36,9 @@ class FlightConfig(SourceConfig):
     rank_missing_after: Duration = Field(
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")
+    hang_after: Duration = Field(
+        300.0, gt=0, description="A collective in flight this long in a rank's dump is a hang: the workload's ranks "
+        "on this node are asked for captures (ingest.capture_dir, ingest.capture_workloads), once per dump.")
 
     @field_validator("prefixes")
     @classmethod

@@ -179,6 +179,10 @@ class FlightSource(Source):
         self.max_file_bytes = config.max_file_bytes
         self.max_files = config.max_files
         self.grace = config.rank_missing_after
+        self.hang_after = config.hang_after
+        # asks the workload's ranks for captures on a hang or a missing rank (Node.captures); None: off
+        self.on_trouble: Callable[[str, list[str], str, str], object] | None = None
+        self._troubles: set[tuple[object, ...]] = set()  # what was already acted on: once per dump or gap
         self._parser = ParseWorker(config.max_file_bytes, timeout=config.timeout)
         self._clock = clock
         self._prefixes = sorted(config.prefixes, key=len, reverse=True)  # the longest that fits wins
@@ -358,13 +362,39 @@ class FlightSource(Source):
             state.render(batch)
             if state.dump is not None:
                 by_workload.setdefault(state.workload, {})[state.rank] = RankDump(state.dump, state.written)
+        troubles: list[tuple[object, ...]] = []
         for workload, dumps in sorted(by_workload.items()):
             for gap in missing_ranks(dumps, self.grace):
                 batch.add(c.COLLECTIVE_MISSING_RANK, (workload, gap.pg, str(gap.rank), str(gap.seq), gap.op), 1)
+                troubles.append(("rank_missing", workload, gap.pg, gap.seq,
+                                 f"rank {gap.rank} missing from {gap.op} #{gap.seq} of pg {gap.pg}"))
+        for state in self._states.values():
+            oldest = max((state.written - min(w) / 1e9 for w in state.waiting.values() if w), default=0.0)
+            if oldest >= self.hang_after:
+                troubles.append(("hang", state.workload, state.rank, state.key,
+                                 f"rank {state.rank} waits in a collective for {oldest:.0f}s"))
+        self._act_on(troubles, by_workload)
         batch.add(c.FR_FILES, (), sum(1 for s in self._states.values() if s.dump is not None))
         for reason in REASONS:
             batch.add(c.FR_REJECTED, (reason,), self.rejected[reason])
         return batch
+
+    def _act_on(self, troubles: list[tuple[object, ...]], by_workload: dict[str, dict[int, RankDump]]) -> None:
+        """Ask each troubled workload's ranks on this node for captures, once per dump (hang) or gap (missing)."""
+        keys = {t[:4] for t in troubles}
+        self._troubles &= keys  # a trouble that cleared may be acted on again when it comes back
+        if self.on_trouble is None:
+            return
+        for trouble in troubles:
+            if trouble[:4] in self._troubles:
+                continue
+            self._troubles.add(trouble[:4])
+            trigger, workload, detail = str(trouble[0]), str(trouble[1]), str(trouble[4])
+            ranks = [str(r) for r in sorted(by_workload.get(workload, {}))]
+            try:
+                self.on_trouble(workload, ranks, trigger, detail)
+            except Exception:  # the dumps' series are what this source owes; a capture is extra
+                log.exception("flight: asking %s for captures (%s) failed", workload, trigger)
 
     def close(self) -> None:
         self._parser.close()

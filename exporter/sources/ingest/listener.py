@@ -9,6 +9,7 @@ from pathlib import Path
 from ...core.http import ServerThread, bind, unix_socket
 from ...core.settings import ConfigError
 from .app import create_ingest_app
+from .captures import Captures
 from .peer import PeerCredProtocol
 from .settings import IngestConfig
 from .state import IngestState
@@ -29,9 +30,10 @@ def read_token(path: str) -> str | None:
 
 
 class IngestServer:
-    def __init__(self, config: IngestConfig, state: IngestState) -> None:
+    def __init__(self, config: IngestConfig, state: IngestState, captures: Captures | None = None) -> None:
         self.config = config
         self.state = state
+        self.captures = captures
         self.token = read_token(config.token_file)
         self._server: ServerThread | None = None
         self._sockets: list[socket.socket] = []
@@ -45,7 +47,7 @@ class IngestServer:
         if self.config.listen_address:
             self._sockets.append(bind(self.config.listen_address))
         app = create_ingest_app(self.state, self.token, self.config.max_body_bytes,
-                                self.config.max_batch_events)
+                                self.config.max_batch_events, self.captures)
         self._server = ServerThread(app, self._sockets, "ingest-http", http=PeerCredProtocol)
         self._server.start()
         log.info("ingest: accepting events on unix:%s%s", self.config.socket_path,

@@ -109,7 +109,8 @@ SLO_OBJECTIVE = _m(
 
 INGEST_ACCEPTED = _m(
     "goodput_ingest_events_accepted_total", Kind.COUNTER, "",
-    "Events accepted from training jobs and inference servers, by type (step, phase, lifecycle, request).",
+    "Events accepted from training jobs and inference servers, by type (step, phase, lifecycle, request, "
+    "capture).",
     ("type",))
 INGEST_REJECTED = _m(
     "goodput_ingest_rejected_requests_total", Kind.COUNTER, "",
@@ -122,5 +123,25 @@ STATE_ERRORS = _m(
     "goodput_ingest_state_errors_total", Kind.COUNTER, "",
     "Problems with the state file under ingest.state_dir, by reason: corrupt (unparsable or malformed: set aside, "
     "started fresh), unreadable, unwritable (a write failed; retried at the next).", ("reason",))
+
+# --- captures: what the daemon asked the ranks for, and what they wrote (ingest.capture_dir) ---
+CAPTURES = _m(
+    "goodput_captures_total", Kind.COUNTER, "",
+    "Captures' outcomes, one per rank asked, by what triggered the capture (step_time_shift, hang, rank_missing) "
+    "and result: written (the rank wrote a profiler trace or flight-recorder dump), failed (it tried and could "
+    "not), refused (captures disabled in the job, or no profiler), expired (no answer within "
+    "ingest.capture_timeout).", ("trigger", "result"))
+CAPTURE_SKIPPED = _m(
+    "goodput_capture_skipped_total", Kind.COUNTER, "",
+    "Triggers of an opted-in workload that started no capture, by trigger and reason: rate_limited "
+    "(ingest.capture_interval of the workload, or ingest.capture_max_per_hour of the node), refused_recently (every "
+    "rank asked said within capture_interval that it cannot), budget (unfinished captures already hold "
+    "ingest.capture_max_bytes).", ("trigger", "reason"))
+CAPTURE_BYTES = _m(
+    "goodput_capture_bytes", Kind.GAUGE, "bytes", "Bytes the captures under ingest.capture_dir hold now.", ())
+CAPTURES_PRUNED = _m(
+    "goodput_captures_pruned_total", Kind.COUNTER, "",
+    "Captures deleted, oldest first, to keep capture_dir within ingest.capture_max_bytes (and its index within "
+    "1000 captures).", ())
 
 METRICS = _m.metrics

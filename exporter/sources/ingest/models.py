@@ -1,5 +1,5 @@
-"""The wire format of POST /v1/events (step, phase, lifecycle and request events), validated strictly:
-nothing half-applied, nothing guessed.
+"""The wire format of POST /v1/events (step, phase, lifecycle, request and capture events), validated strictly:
+nothing half-applied, nothing guessed. An empty batch is valid: a rank polling for capture requests.
 
 The names, phases, lifecycle events and limits are the training client's wire contract
 (`goodput_client.contract`), imported, never restated.
@@ -10,11 +10,15 @@ from __future__ import annotations
 from typing import Annotated, Literal
 
 from goodput_client.contract import (
+    CAPTURE_ID_PATTERN,
+    CAPTURE_KINDS,
+    CAPTURE_RESULTS,
     DEFAULT_FLOPS_DTYPE,
     FINISH_REASONS,
     FLOPS_DTYPES,
     ITL_BUCKETS,
     LIFECYCLE_EVENTS,
+    MAX_CAPTURE_MESSAGE,
     MAX_COUNT,
     MAX_ELAPSED,
     MAX_FLOPS,
@@ -91,7 +95,23 @@ class RequestEvent(_Event):
     tpot_objective_seconds: Objective
 
 
-Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent, Field(discriminator="type")]
+MAX_PATH = 4096
+
+
+class CaptureEvent(_Event):
+    """A rank's answer to one kind of a capture request: what it wrote, or why it did not."""
+
+    type: Literal["capture"]
+    id: Annotated[str, Field(pattern=CAPTURE_ID_PATTERN)]
+    kind: Literal[CAPTURE_KINDS]  # type: ignore[valid-type]
+    result: Literal[CAPTURE_RESULTS]  # type: ignore[valid-type]
+    path: Annotated[str, Field(max_length=MAX_PATH)] = ""  # written: the file, inside the request's dir
+    bytes: Count = 0  # as the rank saw it; the daemon reads the size from disk
+    message: Annotated[str, Field(max_length=MAX_CAPTURE_MESSAGE)] = ""
+
+
+Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent | CaptureEvent,
+                  Field(discriminator="type")]
 
 
 class EventBatch(BaseModel):

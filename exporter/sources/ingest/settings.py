@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from typing import Annotated
 
-from goodput_client.contract import DEFAULT_SOCKET
+from goodput_client.contract import DEFAULT_SOCKET, MAX_CAPTURE_STEPS
 from pydantic import BeforeValidator, Field, field_validator
 
 from ...core.settings import Duration, SourceConfig, loopback_address
+from .changepoint import DEFAULT_MIN_RATIO, DEFAULT_THRESHOLD, DEFAULT_WARMUP, MAX_WARMUP
+
+CAPTURE_TRIGGERS = ("step_time_shift", "hang", "rank_missing")
 
 
 class IngestConfig(SourceConfig):
@@ -40,6 +44,67 @@ class IngestConfig(SourceConfig):
     idle_timeout: Duration = Field(
         600.0, description="A rank (or a workload's model) that reports nothing for this long has its series "
         "removed.")
+
+    shift_threshold: float = Field(
+        DEFAULT_THRESHOLD, gt=0, le=1000,
+        description="Step-time change detector: the CUSUM decision threshold, in robust standard "
+        "deviations of the rank's step time; higher finds fewer, larger shifts later.")
+    shift_min_ratio: float = Field(
+        DEFAULT_MIN_RATIO, gt=0, lt=1,
+        description="Step-time change detector: the smallest shift reported, relative to the "
+        "baseline (0.05: 5% slower or faster).")
+    shift_warmup: int = Field(
+        DEFAULT_WARMUP, ge=5, le=MAX_WARMUP,
+        description="Step-time change detector: steps that set a rank's first baseline; no "
+        "shift is reported before.")
+    capture_dir: str = Field(
+        "", description="Directory (absolute) where ranks write the captures the daemon asks them for: profiler "
+        "traces and flight-recorder dumps, one directory per capture, DIR/<workload>/<id>, and DIR/index.json "
+        "listing them (`goodput-exporter captures` prints it). Training pods must see it at the same path. Empty: "
+        "captures are off.")
+    capture_workloads: list[str] = Field(
+        [], description="Workloads that opted in to captures: glob patterns of workload names (comma-separated in a "
+        "flag or variable), e.g. llama-*; empty: none.")
+    capture_steps: int = Field(
+        10, ge=1, le=MAX_CAPTURE_STEPS, description="Training steps a capture's profiler trace covers.")
+    capture_interval: Duration = Field(
+        1800.0, description="Least time between two captures of one workload; a rank that answered that it cannot "
+        "capture (captures disabled, no profiler) is not asked again for this long.")
+    capture_max_per_hour: int = Field(
+        6, ge=1, le=10_000, description="Most captures this node starts in any hour, over all workloads.")
+    capture_max_bytes: int = Field(
+        2 * 2**30, ge=2**20, description="Disk budget of capture_dir: beyond it the oldest finished captures are "
+        "deleted (whole).")
+    capture_timeout: Duration = Field(
+        600.0, description="A capture's rank that has not answered this long after the request is counted expired.")
+    capture_triggers: list[str] = Field(
+        list(CAPTURE_TRIGGERS), description="What starts a capture (comma-separated in a flag or variable): "
+        "step_time_shift (a rank of the workload got slower), hang (a collective hung), rank_missing (a rank "
+        "missing from a collective).")
+
+    @field_validator("capture_dir")
+    @classmethod
+    def _check_capture_dir(cls, value: str) -> str:
+        if value and not os.path.isabs(value):
+            raise ValueError(f"{value!r} is not an absolute path: ranks are sent it and must find it")
+        return value.rstrip("/") or value
+
+    @field_validator("capture_workloads")
+    @classmethod
+    def _check_patterns(cls, value: list[str]) -> list[str]:
+        for pattern in value:
+            if not pattern or any(ch.isspace() for ch in pattern):
+                raise ValueError(f"{pattern!r} is not a workload name pattern (e.g. llama-*)")
+        return list(dict.fromkeys(value))
+
+    @field_validator("capture_triggers")
+    @classmethod
+    def _check_triggers(cls, value: list[str]) -> list[str]:
+        unknown = [trigger for trigger in value if trigger not in CAPTURE_TRIGGERS]
+        if unknown:
+            raise ValueError(f"unknown trigger(s) {', '.join(map(repr, unknown))}; "
+                             f"known: {', '.join(CAPTURE_TRIGGERS)}")
+        return list(dict.fromkeys(value))
 
     @field_validator("listen_address")
     @classmethod

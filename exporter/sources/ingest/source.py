@@ -4,9 +4,12 @@ the events server they report to."""
 from __future__ import annotations
 
 import logging
+from functools import partial
 
 from ...core.exposition import Batch
 from ..base import Source, SourceError
+from .captures import Captures
+from .changepoint import StepTimeDetector
 from .listener import IngestServer
 from .settings import IngestConfig
 from .state import IngestState
@@ -18,9 +21,11 @@ log = logging.getLogger(__name__)
 class IngestSource(Source):
     name = "ingest"
 
-    def __init__(self, state: IngestState, server: IngestServer | None = None) -> None:
+    def __init__(self, state: IngestState, server: IngestServer | None = None,
+                 captures: Captures | None = None) -> None:
         self.state = state
         self.server = server
+        self.captures = captures  # None: ingest.capture_dir is empty, captures are off
         self.listen_error: str | None = None  # set when the events socket could not be opened
 
     @classmethod
@@ -31,8 +36,13 @@ class IngestSource(Source):
         state = IngestState(settings.max_workloads, settings.max_ranks, settings.idle_timeout,
                             max_models=settings.max_models, step_history=settings.step_history,
                             restart_window=settings.restart_window,
-                            state_file=StateFile(settings.state_dir) if settings.state_dir else None)
-        return cls(state, IngestServer(settings, state))
+                            state_file=StateFile(settings.state_dir) if settings.state_dir else None,
+                            detector=partial(StepTimeDetector, threshold=settings.shift_threshold,
+                                             min_ratio=settings.shift_min_ratio, warmup=settings.shift_warmup))
+        captures = Captures.from_settings(settings) if settings.capture_dir else None
+        if captures is not None and not settings.capture_workloads:
+            log.warning("ingest: capture_dir is set but capture_workloads names no workload; nothing is captured")
+        return cls(state, IngestServer(settings, state, captures), captures)
 
     def start(self) -> None:
         if self.server is None:
@@ -48,6 +58,10 @@ class IngestSource(Source):
             raise SourceError("listen_failed", self.listen_error)
         batch = self.state.snapshot()
         self.state.save()  # before the batch is published: a counter seen is a counter kept
+        if self.captures is not None:
+            self.captures.expire()
+            self.captures.prune()
+            self.captures.render(batch)
         return batch
 
     def close(self) -> None:

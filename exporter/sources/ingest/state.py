@@ -18,6 +18,7 @@ from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACK
 from ...core.exposition import Batch
 from . import metrics as c
 from .accounting import Account
+from .changepoint import StepTimeDetector
 from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
 from .peer import start_time
 from .statefile import ERROR_REASONS, StateFile
@@ -34,6 +35,10 @@ class Rejected(Exception):
         self.reason = reason
         self.status = status
         super().__init__(message)
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), rank) if rank.isdigit() else (1 << 62, rank)
 
 
 class _Histogram:
@@ -57,7 +62,9 @@ class _Histogram:
 @dataclass
 class _Rank:
     account: Account  # its time accounting: kept (dormant) after its series go, for a restart to continue
+    detector: StepTimeDetector  # its step time's normal level and lasting shifts
     durations: _Histogram = field(default_factory=lambda: _Histogram(c.STEP_BUCKETS))
+    shifts: Counter[str] = field(default_factory=Counter)  # by direction: up, down
     steps: int = 0
     tokens: int = 0
     samples: int = 0
@@ -66,6 +73,8 @@ class _Rank:
     ended_at: float | None = None
 
 
+SHIFT_DIRECTIONS = {1: "up", -1: "down"}
+STEP_TIME_WINDOWS = ("last", "1m", "1h")
 SLO_OBJECTIVES = ("ttft", "tpot", "both")
 REJECT_REASONS = ("invalid", "oversize", "unauthorized", "workload_cap", "rank_cap", "model_cap")
 
@@ -134,13 +143,19 @@ class IngestState:
     def __init__(self, max_workloads: int, max_ranks: int, idle_timeout: float,
                  clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64,
                  step_history: int = 2000, restart_window: float = 21_600.0,
-                 state_file: StateFile | None = None) -> None:
+                 state_file: StateFile | None = None,
+                 detector: Callable[[], StepTimeDetector] = StepTimeDetector) -> None:
+        """`detector` makes each new rank's step-time change detector (ingest.shift_* settings)."""
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
         self.max_models = max_models
         self.idle_timeout = idle_timeout
         self.step_history = step_history
         self.restart_window = restart_window
+        self._detector = detector
+        # called (outside the lock) with (workload, rank, direction, the workload's live ranks here) when a rank's
+        # step time shifts lastingly: the captures' trigger, when they are on
+        self.on_shift: Callable[[str, str, int, list[str]], object] | None = None
         self._clock = clock
         self._lock = threading.Lock()
         self._ranks: dict[tuple[str, str], _Rank] = {}
@@ -175,6 +190,7 @@ class IngestState:
         keys = {(e.workload, str(e.rank)) for e in events}
         models = {(e.workload, e.model) for e in events if isinstance(e, RequestEvent)}
         now = self._clock()
+        shifted: list[tuple[str, str, int, list[str]]] = []
         with self._lock:
             new = keys - self._ranks.keys()
             new_models = models - self._models.keys()
@@ -194,7 +210,7 @@ class IngestState:
                 raise Rejected("model_cap", f"this node already tracks {len(self._models)} workload and model "
                                f"pairs (ingest.max_models={self.max_models})", 429)
             for key in new:
-                self._ranks[key] = _Rank(self._account(key, now))
+                self._ranks[key] = _Rank(self._account(key, now), self._detector())
             for key in new_models:
                 self._models[key] = _Model()
             for event in events:
@@ -211,6 +227,11 @@ class IngestState:
                     rank.samples += event.samples
                     rank.account.step(now, event.duration_seconds, event.step, event.flops, event.dtype,
                                       event.elapsed_seconds)
+                    direction = rank.detector.observe(event.duration_seconds, now)
+                    if direction:
+                        rank.shifts[SHIFT_DIRECTIONS[direction]] += 1
+                        shifted.append((event.workload, str(event.rank), direction,
+                                        sorted((r for w, r in self._ranks if w == event.workload), key=_rank_order)))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
                 elif event.event == "end":
@@ -226,6 +247,19 @@ class IngestState:
             self._changed = True
         if peer_pid is not None and events:
             self._declare(peer_pid, keys)
+        for workload, rank_name, direction, ranks in shifted:
+            log.info("ingest: the step time of %s rank %s shifted %s", workload, rank_name,
+                     SHIFT_DIRECTIONS[direction])
+            if self.on_shift is not None:
+                try:
+                    self.on_shift(workload, rank_name, direction, ranks)
+                except Exception:  # a capture that cannot be asked for never costs the events their place
+                    log.exception("ingest: acting on the step-time shift of %s rank %s failed", workload, rank_name)
+
+    def count_accepted(self, kind: str, n: int) -> None:
+        """Events accepted outside `apply` (capture answers, which go to the captures, not to a rank)."""
+        with self._lock:
+            self.accepted[kind] += n
 
     def _account(self, key: tuple[str, str], now: float) -> Account:
         """The dormant account of a rank reporting again within restart_window, else a new one."""
@@ -342,6 +376,14 @@ class IngestState:
                 del self._declared[pid]  # its rank expired or ended: no ghost attribution
             for key, rank in sorted(self._ranks.items()):
                 batch.add(c.STEP_DURATION, key, rank.durations.rendered())
+                summaries = rank.detector.summaries(now)
+                for window in STEP_TIME_WINDOWS:
+                    if window in summaries:
+                        batch.add(c.STEP_TIME, (*key, window), summaries[window])
+                if rank.detector.baseline is not None:
+                    batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
+                for direction in SHIFT_DIRECTIONS.values():
+                    batch.add(c.STEP_SHIFTS, (*key, direction), rank.shifts[direction])
                 batch.add(c.STEPS, key, rank.steps)
                 batch.add(c.TOKENS, key, rank.tokens)
                 batch.add(c.SAMPLES, key, rank.samples)
