@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import itertools
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,20 @@ from typing import Any
 import jsonschema
 import pytest
 import yaml
+from conftest import promtool
 from goodput_mixin.dashboards import render
 from goodput_mixin.dashboards.kit import LEVELS
-from goodput_mixin.dashboards.lint import lint, query_values, selectors, substitute, targets, variable_selectors
+from goodput_mixin.dashboards.lint import (
+    lint,
+    panels,
+    query_values,
+    selectors,
+    substitute,
+    targets,
+    variable_selectors,
+)
+from goodput_mixin.rules.recording import STEP_SHIFT
+from goodput_mixin.rules.verdict import CANDIDATE, HEALTHY, LAYERS, VERDICT, order
 
 from exporter.core.catalog import Kind
 from exporter.sources import CATALOG
@@ -173,3 +185,96 @@ def test_each_level_links_down_to_the_next() -> None:
         links = [link for link in upper["links"] if link.get("url") == f"/d/{lower['uid']}"]
         assert links and links[0]["includeVars"] and links[0]["keepTime"], upper["uid"]
     assert not [link for link in models[-1]["links"] if link.get("url")]
+
+
+# --- the funnel's verdict first, step-time changes (issue 20) -------------------------------------------------------
+
+
+def _first_panel(model: dict[str, Any]) -> dict[str, Any]:
+    return next(p for p in model["panels"] if p["type"] != "row")
+
+
+def _row_of_first_panel(model: dict[str, Any]) -> list[dict[str, Any]]:
+    """The panels of the dashboard's first row (from its top to the next row)."""
+    panels = model["panels"][1:] if model["panels"][0]["type"] == "row" else model["panels"]
+    return list(itertools.takewhile(lambda p: p["type"] != "row", panels))
+
+
+def _names_of(model: dict[str, Any], panel: dict[str, Any]) -> set[str]:
+    values = query_values(model)
+    return {s.name for t in panel["targets"] for s in selectors(substitute(t["expr"], values))}
+
+
+def _layer_colors(panel: dict[str, Any]) -> dict[str, str]:
+    (override,) = [o for o in panel["fieldConfig"]["overrides"] if o["matcher"]["options"] == "layer"]
+    properties = {p["id"]: p["value"] for p in override["properties"]}
+    assert properties["custom.cellOptions"] == {"type": "color-background"}
+    (mapping,) = properties["mappings"]
+    return {text: result["color"] for text, result in mapping["options"].items()}
+
+
+def test_the_cluster_dashboard_opens_on_the_verdict_per_workload() -> None:
+    model = committed()["1-cluster.json"]
+    assert model["panels"][0] == {**model["panels"][0], "type": "row", "title": "Verdict"}
+    panel = _first_panel(model)
+    assert panel["type"] == "table" and {VERDICT, CANDIDATE} <= _names_of(model, panel)
+    (keep,) = [t["options"]["include"]["names"] for t in panel["transformations"] if t["id"] == "filterFieldsByName"]
+    assert keep[:3] == ["workload", "layer", "reason"]
+    # every layer has its own colour
+    colors = _layer_colors(panel)
+    assert sorted(colors) == sorted(LAYERS) and len(set(colors.values())) == len(LAYERS)
+    # a click opens the Workload dashboard on the row's workload, with the time range, data source and cluster
+    (link,) = panel["fieldConfig"]["defaults"]["links"]
+    assert link["url"].startswith(f"/d/{LEVELS[5].uid}?") and "var-workload=${__data.fields.workload}" in link["url"]
+    assert all(part in link["url"] for part in ("${__url_time_range}", "${datasource:queryparam}",
+                                                "${cluster:queryparam}"))
+
+
+def test_the_workload_dashboard_opens_on_its_verdict_with_the_failing_checks_beside_it() -> None:
+    model = committed()["6-workload.json"]
+    first = _row_of_first_panel(model)
+    assert _first_panel(model)["title"] == "Verdict" and _names_of(model, first[0]) == {VERDICT}
+    assert _layer_colors(first[0]) == _layer_colors(_first_panel(committed()["1-cluster.json"]))
+    checks = [p for p in first if _names_of(model, p) == {CANDIDATE}]
+    assert checks and checks[0]["options"]["sortBy"] == [{"displayName": "walk step", "desc": False}]
+    assert STEP_SHIFT in set().union(*(_names_of(model, p) for p in first))
+
+
+def test_the_workload_dashboard_shows_step_time_changes() -> None:
+    model = committed()["6-workload.json"]
+    values = query_values(model)
+    found = [s for _, t in targets(model) for s in selectors(substitute(t["expr"], values))]
+    windows = {s.matchers.get("window") for s in found if s.name == "goodput_step_time_seconds"}
+    assert windows == {"1m", "1h"}
+    assert {"goodput_step_time_baseline_seconds", "goodput_step_time_shifts_total"} <= {s.name for s in found}
+    (shifts,) = [p for p in panels(model) if p["title"] == "Step-time shifts"]
+    assert shifts["fieldConfig"]["defaults"]["custom"]["drawStyle"] == "bars"
+
+
+def test_the_verdict_query_lists_the_jobs_held_back_earliest_first(tmp_path: Path) -> None:
+    """The cluster dashboard's verdict query, run by promtool on the inputs of the verdict's own tests, gives each
+    workload its verdict valued by the place in the walk of the check that decided it (healthy last), which the table
+    sorts on."""
+    model = committed()["1-cluster.json"]
+    (target,) = _first_panel(model)["targets"]
+    expr = substitute(target["expr"], query_values(model))
+    cases = []
+    for case in yaml.safe_load((ROOT / "rules" / "tests" / "verdict.test.yml").read_text())["tests"]:
+        checks = [t for t in case["promql_expr_test"] if t["expr"] == VERDICT]
+        for check in checks:
+            samples = []
+            for sample in check["exp_samples"]:
+                reason = re.search(r'reason="([^"]+)"', sample["labels"]).group(1)
+                # the decided check's series keep the candidate's name; healthy's is computed (no name)
+                name = "" if reason == HEALTHY[1] else CANDIDATE
+                samples.append({"labels": sample["labels"].replace(VERDICT, name, 1), "value": order(reason)})
+            cases.append({"interval": case["interval"], "input_series": case["input_series"],
+                          "promql_expr_test": [{"expr": expr, "eval_time": check["eval_time"],
+                                                "exp_samples": samples}]})
+    assert len(cases) >= 2 and {s["value"] for c in cases for s in c["promql_expr_test"][0]["exp_samples"]} >= {
+        1, order(HEALTHY[1])}
+    tests = tmp_path / "verdict_query.test.yml"
+    tests.write_text(yaml.safe_dump({"rule_files": [str(ROOT / "rules" / "goodput-recording.rules.yml")],
+                                     "evaluation_interval": "1m", "tests": cases}))
+    result = subprocess.run([promtool(), "test", "rules", str(tests)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -11,6 +11,7 @@ import yaml
 from conftest import ROOT, promtool
 from goodput_mixin.rules.render import rule_files
 from goodput_mixin.rules.settings import RulesSettings
+from goodput_mixin.rules.verdict import LAYERS, WALK
 
 from exporter.core.catalog import Kind
 from exporter.sources import CATALOG
@@ -251,3 +252,54 @@ def test_runbooks_name_only_series_that_exist() -> None:
                 assert any(m.startswith(name) for m in exported), f"{path.name}: {name}*"
             else:
                 assert name in exported, f"{path.name}: {name}"
+
+
+# --- the funnel's verdict on the alerts of a workload (issue 20) ----------------------------------------------------
+
+
+def firing_cases() -> list[tuple[str, dict, dict]]:
+    """(alert name, expected labels, expected annotations) of every alert the promtool tests expect to fire."""
+    out = []
+    for path in TESTS:
+        for case in yaml.safe_load(path.read_text())["tests"]:
+            for check in case.get("alert_rule_test", []):
+                out += [(check["alertname"], alert.get("exp_labels", {}), alert.get("exp_annotations", {}))
+                        for alert in check.get("exp_alerts") or []]
+    return out
+
+
+def test_an_alert_on_a_training_workload_carries_its_verdict_and_the_diagnose_command() -> None:
+    """Every alert that fires naming a training workload (a served model's alerts name an engine: the funnel walks
+    phases, which serving does not report) has both annotations, and no other alert has them; the promtool tests
+    expect them rendered, the verdict as layer/reason from the recorded verdict (some case shows a real one)."""
+    annotated = {rule["alert"] for rule in alert_rules() if "verdict" in rule["annotations"]}
+    verdicts = {f"{layer}/{reason}" for layer, reason in WALK} | {f"{LAYERS[-1]}/none", "unknown"}
+    rendered = set()
+    for name, labels, notes in firing_cases():
+        training = "workload" in labels and "engine" not in labels
+        assert (name in annotated) == training, name
+        if training:
+            assert notes["diagnose"] == f"goodput-exporter diagnose --workload {labels['workload']}", name
+            assert notes["verdict"] in verdicts, (name, notes["verdict"])
+            rendered.add(notes["verdict"])
+    assert annotated and rendered - {"unknown"}, "no promtool case renders a verdict"
+
+
+def test_the_verdict_annotation_asks_for_the_alerts_own_cluster_and_workload() -> None:
+    settings = RulesSettings(cluster_label="k8s_cluster")
+    alerts = yaml.safe_load(rule_files(settings)["goodput-alerts.rules.yml"])
+    verdicts = {rule["annotations"]["verdict"] for group in alerts["groups"] for rule in group["rules"]
+                if "verdict" in rule["annotations"]}
+    assert len(verdicts) == 1
+    (verdict,) = verdicts
+    assert 'workload:goodput_bottleneck:info{k8s_cluster=%q,workload=%q}" $labels.k8s_cluster $labels.workload' \
+        in verdict
+
+
+def test_the_step_shift_window_shapes_its_rule() -> None:
+    recording = rule_files(RulesSettings(step_shift_window="30m"))["goodput-recording.rules.yml"]
+    (group,) = [g for g in yaml.safe_load(recording)["groups"] if g["name"] == "goodput.step_shift"]
+    assert [rule["labels"]["kind"] for rule in group["rules"]] == ["straggler", "regression"]
+    for rule in group["rules"]:
+        assert rule["record"] == "workload:goodput_step_time_shift:info"
+        assert 'increase(goodput_step_time_shifts_total{direction="up"}[30m])' in rule["expr"]

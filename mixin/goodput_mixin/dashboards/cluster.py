@@ -1,19 +1,24 @@
-"""Level 1, Cluster overview: is the cluster doing useful work, and where to look first."""
+"""Level 1, Cluster overview: is the cluster doing useful work, and where to look first: the funnel's verdict on each
+workload comes first."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.builders.dashboard import Dashboard
 
 from .kit import (
+    LAYER_COLORS,
     LEVELS,
     Filters,
     Names,
+    labels_table_panel,
     link_to_level,
+    link_to_workload,
     new_dashboard,
     row,
     stat_panel,
     table_panel,
     timeseries_panel,
+    verdict_in_walk_order,
 )
 
 LEVEL = LEVELS[0]
@@ -28,7 +33,17 @@ def build(names: Names) -> Dashboard:
     goodput = names.rule("workload", "goodput_ratio", "rate")
     idle = {kind: names.rule("cluster", f"goodput_gpu_idle{kind}_ratio", "rate")
             for kind in ("", "_while_allocated", "_unallocated")}
-    d = new_dashboard(LEVEL, names, also_down=(SERVING,)).with_row(row("Goodput"))
+    d = new_dashboard(LEVEL, names, also_down=(SERVING,)).with_row(row("Verdict"))
+    d = d.with_panel(labels_table_panel(
+        "Verdict per workload", "The funnel's verdict on each workload now: the first layer, walked top-down (cluster, "
+        "network, host, memory, kernel), whose check explains the goodput the job loses, and the signal that decided "
+        "it (reason); healthy when none does. The jobs held back earliest in the walk come first (walk step: the "
+        "check's place in it). Start with the top row: click it for the Workload dashboard, or run `goodput-exporter "
+        "diagnose --workload <workload>` for every check with its figure. Only workloads that report phases are "
+        "judged.",
+        verdict_in_walk_order(f), ["workload", "layer", "reason"], value="walk step",
+        colored={"layer": LAYER_COLORS}, width=24, height=8, links=[link_to_workload("${__data.fields.workload}")]))
+    d = d.with_row(row("Goodput"))
     d = d.with_panel(stat_panel(
         "Goodput", "Share of accounted job time spent computing, averaged over the workloads (compute seconds "
         "over all phase seconds the jobs report). Low means time goes to data waits, communication, checkpoints "

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from grafana_foundation_sdk.builders import common as common_builders
 from grafana_foundation_sdk.builders import dashboard as gdash
 from grafana_foundation_sdk.builders import prometheus, stat, table, timeseries
 from grafana_foundation_sdk.builders.common import StackingConfig
@@ -14,6 +15,7 @@ from grafana_foundation_sdk.models import dashboard as model
 from grafana_foundation_sdk.models import prometheus as prom_model
 
 from ..rules.settings import RulesSettings
+from ..rules.verdict import CANDIDATE, HEALTHY, LAYERS, VERDICT, order
 
 DATASOURCE = model.DataSourceRef(type_val="prometheus", uid="${datasource}")
 TAGS = ["goodput", "gpu"]
@@ -41,8 +43,8 @@ class Level:
 
 LEVELS = [
     Level(1, "cluster", "Goodput / 1 Cluster overview",
-          "Is the cluster doing useful work? Goodput, tokens/s, idle GPUs (allocated or not), stragglers, "
-          "hangs, GPU health; the worst workloads and nodes."),
+          "Is the cluster doing useful work, and what holds each job back? The verdict per workload; goodput, "
+          "tokens/s, idle GPUs (allocated or not), stragglers, hangs, GPU health; the worst workloads and nodes."),
     Level(2, "collectives", "Goodput / 2 Collectives and network",
           "Is a workload waiting on its collectives or on the network? Sequence lag per rank, oldest in-flight op, "
           "missing ranks, collective time and bytes by op, NVLink and PCIe throughput; the fabric of its nodes: port "
@@ -56,7 +58,8 @@ LEVELS = [
           "Are the kernels using the silicon? Utilization, SM clock, throttle reasons, power vs limit, DCGM SM, "
           "tensor and DRAM activity."),
     Level(6, "workload", "Goodput / 6 Workload",
-          "How is one job doing? Goodput and badput by phase, step time per rank, stragglers, collective state."),
+          "How is one job doing? Its verdict and failing checks, goodput and badput by phase, step time per rank "
+          "and its lasting shifts, stragglers, collective state."),
     Level(7, "serving", "Goodput / 7 Serving (inference SLOs)",
           "Are the served models meeting their latency objectives? SLO attainment and SLO goodput, error budget "
           "burn, time to first token and per output token against the objectives, queue, KV cache, preemptions, "
@@ -156,6 +159,14 @@ def link_to_node(level: Level, title: str, node: str) -> DataLink:
                            f"&var-node={node}")
 
 
+def link_to_workload(workload: str) -> DataLink:
+    """From a table row (or series) naming a workload to the Workload dashboard for it, keeping the time range, data
+    source and cluster. `workload` is how Grafana finds it in the clicked item: `${__data.fields.workload}` in a
+    table, `${__field.labels.workload}` on a series."""
+    return DataLink("This workload", f"/d/{LEVELS[5].uid}?${{__url_time_range}}&${{datasource:queryparam}}"
+                                     f"&${{cluster:queryparam}}&var-workload={workload}")
+
+
 def link_to_level(level: Level, title: str) -> DataLink:
     """To `level` with the time range, data source and cluster (its other variables at their defaults)."""
     return DataLink(title, f"/d/{level.uid}?${{__url_time_range}}&${{datasource:queryparam}}&${{cluster:queryparam}}")
@@ -234,6 +245,45 @@ def joined_table_panel(title: str, description: str, unit: str, columns: list[Co
     return panel
 
 
+# The funnel's layers (workload:goodput_bottleneck:info), each in a fixed colour wherever a verdict shows: the colours
+# of the Workload dashboard's buckets where a layer has one (network purple as comm_wait, host orange as data_wait).
+LAYER_COLORS = {"cluster": "red", "network": "purple", "host": "orange", "memory": "blue", "kernel": "yellow",
+                "healthy": "green"}
+assert list(LAYER_COLORS) == list(LAYERS)
+
+
+def text_colors(colors: dict[str, str]) -> model.ValueMap:
+    """A value mapping that gives each text its colour (the text itself is kept)."""
+    return model.ValueMap(options={text: model.ValueMappingResult(color=color, index=i)
+                                   for i, (text, color) in enumerate(colors.items())})
+
+
+def labels_table_panel(title: str, description: str, expr: str, labels: list[str], value: str | None = None,
+                       unit: str = "none", colored: dict[str, dict[str, str]] | None = None,
+                       width: int = 12, height: int = 8, links: list[DataLink] | None = None) -> table.Panel:
+    """An instant query shown as a table of its series' labels, one row per series: the columns are `labels`, in
+    order and under their own names (a data link finds them as `${__data.fields.<label>}`), every other label left
+    out; `value` names the value column, shown last and sorted on (smallest first), or is None to leave the value
+    out (an _info series' 1). `colored` maps a label to the colour of each of its values, the cell's background."""
+    shown = [*labels, *(["Value"] if value else [])]
+    panel = (table.Panel().title(title).description(description).unit(unit).datasource(DATASOURCE)
+             .targets(_targets([(expr, "")], instant=True, table_format=True)).span(width).height(height)
+             .with_transformation(model.DataTransformerConfig(id_val="filterFieldsByName", options={
+                 "include": {"names": shown}}))
+             .with_transformation(model.DataTransformerConfig(id_val="organize", options={
+                 "indexByName": {name: i for i, name in enumerate(shown)},
+                 "renameByName": {"Value": value} if value else {}})))
+    for label, colors in (colored or {}).items():
+        panel = panel.override_by_name(label, [
+            model.DynamicConfigValue(id_val="mappings", value=[text_colors(colors)]),
+            model.DynamicConfigValue(id_val="custom.cellOptions", value={"type": "color-background"})])
+    if value:
+        panel = panel.sort_by([common_builders.TableSortByFieldState().display_name(value).desc(False)])
+    if links:
+        panel = panel.data_links(links)  # type: ignore[arg-type]  # Grafana's data-link shape, not a dashboard link
+    return panel
+
+
 def link_down(level: Level) -> gdash.DashboardLink:
     """A link to the next level that carries the time range and every variable."""
     return (gdash.DashboardLink(f"Down: {level.title.split(' / ', 1)[1]}").type(model.DashboardLinkType.LINK)
@@ -282,3 +332,12 @@ def of_workload_nodes(expr: str, names: Names) -> str:
     matchers = f'{c}=~"$cluster", {n}=~"$node", workload=~"$workload"'
     return (f"{expr} and on ({c}, {n}) (group by ({c}, {n}) (goodput_gpu_workload_info{{{matchers}}}) "
             f"or group by ({c}, {n}) (goodput_exporter_build_info{{{matchers}}}))")
+
+
+def verdict_in_walk_order(f: Filters) -> str:
+    """Each workload's verdict (workload:goodput_bottleneck:info: layer and reason), valued by the place in the funnel's
+    walk of the check that decided it (healthy: one past the last), so that a table sorted on it lists first the jobs
+    held back earliest in the walk."""
+    keys = f"{f.names.cluster}, workload, layer, reason"
+    healthy = f('layer="' + HEALTHY[0] + '"')
+    return f"{CANDIDATE}{f()} and on ({keys}) {VERDICT}{f()} or {order(HEALTHY[1])} * {VERDICT}{healthy}"

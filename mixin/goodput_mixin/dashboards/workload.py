@@ -1,15 +1,24 @@
-"""Level 6, Workload: one job's goodput (now and over its lifetime), MFU, energy per token and per step, where its
-wall time went, badput by phase, its ranks' step times, stragglers, collectives, and the network of the nodes it
-runs on."""
+"""Level 6, Workload: one job's verdict first (the funnel's layer and reason, the checks it fails, what its step-time
+shifts say), then its goodput (now and over its lifetime), MFU, energy per token and per step, where its wall time
+went, badput by phase, its ranks' step times and their changes, stragglers, collectives, and the network of the nodes
+it runs on."""
 
 from __future__ import annotations
 
+from grafana_foundation_sdk.builders import stat, table
 from grafana_foundation_sdk.builders.dashboard import Dashboard
+from grafana_foundation_sdk.models import common
+from grafana_foundation_sdk.models import dashboard as model
 
+from ..rules.recording import STEP_SHIFT
+from ..rules.verdict import CANDIDATE, VERDICT
 from .kit import (
+    LAYER_COLORS,
     LEVELS,
     Filters,
     Names,
+    fixed_color,
+    labels_table_panel,
     link_to_workload_fabric,
     new_dashboard,
     row,
@@ -27,6 +36,44 @@ BUCKET_COLORS = {
     "checkpoint_save": "blue", "checkpoint_restore": "light-blue", "compile": "yellow", "startup": "light-yellow",
     "other": "#8f8f8f", "untracked": "#c7c7c7", "downtime": "dark-red",
 }
+# What the ranks' lasting step-time shifts up say of the job (workload:goodput_step_time_shift:info), shown by the
+# Step-time shift panel as the value at its index: no shift, a straggler, a job-wide regression.
+SHIFT_KINDS = (("no shift", "green"), ("straggler", "orange"), ("regression", "red"))
+
+
+def _verdict(names: Names, f: Filters) -> list[table.Panel | stat.Panel]:
+    """The verdict row: the job's verdict, the checks it fails beside it, and what its step-time shifts say."""
+    c = names.cluster
+    kinds = f" or on ({c}, workload) ".join(
+        f"{value} * {STEP_SHIFT}" + f('kind="' + kind + '"') for value, (kind, _) in enumerate(SHIFT_KINDS) if value)
+    shift = (f"max by ({c}, workload) ({kinds} or on ({c}, workload) "
+             f"0 * group by ({c}, workload) (goodput_step_time_baseline_seconds{f()}))")
+    shift_panel = (stat_panel(
+        "Step-time shift", "What lasting shifts up of the ranks' step time (the daemon's change detector) within "
+        f"the last {names.settings.step_shift_window} say of the job: a straggler when they are on half of its ranks "
+        "or fewer (Step-time baseline per rank, below, shows which stepped up), a regression when on more than half "
+        "(the whole job slowed: code, data, a shared service); no shift otherwise. Ranks that meet at every step all "
+        "slow down behind one straggler: Own time per step per rank names it. Empty until the detector has a "
+        "baseline (after the job's first steps).",
+        "none", [(shift, "{{workload}}")], width=6, height=6)
+        .mappings([model.ValueMap(options={str(value): model.ValueMappingResult(text=kind, color=color, index=value)
+                                           for value, (kind, color) in enumerate(SHIFT_KINDS)})])
+        .text_mode(common.BigValueTextMode.VALUE_AND_NAME))
+    return [
+        labels_table_panel(
+            "Verdict", "The funnel's verdict on the job now: the first layer, walked top-down (cluster, network, "
+            "host, memory, kernel), whose check explains the goodput it loses, and the signal that decided it "
+            "(reason); healthy when none does. The rows below hold the evidence; `goodput-exporter diagnose "
+            "--workload <workload>` prints every check with its figure. Empty for a job that reports no phases.",
+            f"{VERDICT}{f()}", ["workload", "layer", "reason"], colored={"layer": LAYER_COLORS}, width=8, height=6),
+        labels_table_panel(
+            "Failing checks", "Every check of the walk the job fails now, in the order of the walk (walk step: the "
+            "check's place in it): the first is the verdict, the others are what to look at once it is fixed, or "
+            "what it causes. Empty for a healthy job.",
+            f"{CANDIDATE}{f()}", ["workload", "layer", "reason"], value="walk step",
+            colored={"layer": LAYER_COLORS}, width=10, height=6),
+        shift_panel,
+    ]
 
 
 def build(names: Names) -> Dashboard:
@@ -35,7 +82,10 @@ def build(names: Names) -> Dashboard:
     short, long = names.short, names.long
     rank = "{{workload}} rank {{rank}}"
     fabric = [link_to_workload_fabric()]
-    d = new_dashboard(LEVEL, names, workload=True).with_row(row("Goodput"))
+    d = new_dashboard(LEVEL, names, workload=True).with_row(row("Verdict"))
+    for panel in _verdict(names, f):
+        d = d.with_panel(panel)
+    d = d.with_row(row("Goodput"))
     d = d.with_panel(stat_panel(
         f"Goodput ({short})", "Share of the job's run time (the wall time its processes ran: every phase, untracked "
         "time included) spent computing, over the short window. Low means the phases below eat the time. Downtime "
@@ -124,6 +174,29 @@ def build(names: Names) -> Dashboard:
         "Restarts", "Restarts each rank reported in the window. Every restart loses the progress since the last "
         "checkpoint plus startup time.",
         "none", [(f"increase(goodput_workload_restarts_total{f()}[$__rate_interval])", rank)]))
+    d = d.with_row(row("Step-time changes"))
+    d = d.with_panel(timeseries_panel(
+        "Step time, last minute and last hour", "Each rank's step time at two time scales, from the daemon: the "
+        "median of its steps in the last minute (1m), and the median of its last hour's per-minute medians (1h). "
+        "A 1m line that leaves its 1h line and stays away is a lasting change; one that comes back is a transient "
+        "(a checkpoint, an evaluation).",
+        "s", [("goodput_step_time_seconds" + f('window="' + scale + '"'), f"{rank} {scale}") for scale in ("1m", "1h")],
+        width=8))
+    d = d.with_panel(timeseries_panel(
+        "Step-time baseline per rank", "The step time each rank's change detector holds as its normal level: it "
+        "ignores spikes and moves only at a lasting shift. A step on one rank is a new straggler; on every rank, a "
+        "job-wide regression (Step-time shift, at the top), or, where the ranks meet at every step, one straggler "
+        "they all wait for (Own time per step per rank tells).",
+        "s", [(f"goodput_step_time_baseline_seconds{f()}", rank)], width=8))
+    d = d.with_panel(timeseries_panel(
+        "Step-time shifts", "Lasting shifts of each rank's step time the change detector found, per interval, up "
+        "(slower, red) or down (faster, green). Compare the time of a shift up with the verdict's signals and the "
+        "phases above.",
+        "none", [(f"increase(goodput_step_time_shifts_total{f()}[$__rate_interval])", rank + " {{direction}}")],
+        width=8)
+        .draw_style(common.GraphDrawStyle.BARS)
+        .override_by_regexp(".* up$", [fixed_color("red")])
+        .override_by_regexp(".* down$", [fixed_color("green")]))
     d = d.with_row(row("Collectives"))
     d = d.with_panel(timeseries_panel(
         "Collective lag per rank", "Collectives each rank is behind the furthest rank of its process group. A "

@@ -231,6 +231,30 @@ def _step(s: RulesSettings) -> list[Rule]:
     ]
 
 
+STEP_SHIFT = "workload:goodput_step_time_shift:info"
+
+
+def _step_shift(s: RulesSettings) -> list[Rule]:
+    """What lasting step-time shifts up (the daemon's change detector, per rank) say of a workload within
+    `step_shift_window`: a `straggler` when they are on half of its ranks or fewer (ranks slowed that their peers did
+    not), a `regression` when on more than half (the job as a whole slowed: new code, data, a shared service). A
+    2-rank job with one rank shifted has a straggler; a 1-rank job that shifted, a regression. Its ranks are those with
+    a shifts counter (the daemon publishes one, at 0, for each rank it accounts). Value 1, one kind per workload;
+    none where no rank shifted up."""
+    c, window = s.cluster_label, s.step_shift_window
+    counter = 'goodput_step_time_shifts_total{direction="up"}'
+    shifted = (f"count by ({c}, workload) (\n    group by ({c}, workload, rank) (increase({counter}[{window}]) > 0)\n"
+               "  )")
+    ranks = f"count by ({c}, workload) (\n    group by ({c}, workload, rank) ({counter})\n  )"
+
+    def kind(name: str, comparison: str) -> Rule:
+        return {"record": STEP_SHIFT,
+                "expr": f"group by ({c}, workload) (\n  {shifted}\n  * 2 {comparison} on ({c}, workload)\n  {ranks}\n)",
+                "labels": {"kind": name}}
+
+    return [kind("straggler", "<="), kind("regression", ">")]
+
+
 def _straggler(s: RulesSettings) -> list[Rule]:
     c, w = s.cluster_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
@@ -541,6 +565,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
+        {"name": "goodput.step_shift", "interval": s.slow_groups_interval, "rules": _step_shift(s)},
         {"name": "goodput.straggler_ratio",
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
         *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),

@@ -125,6 +125,10 @@ class RulesSettings(BaseModel):
     straggler_ratio: float = Field(
         1.5, gt=1, description="GoodputStraggler: a rank's own time per step over the median rank's.")
     straggler_for: str = Field("10m", description="GoodputStraggler: for how long.")
+    step_shift_window: str = Field(
+        "15m", description="workload:goodput_step_time_shift:info: how long a lasting shift up of a rank's step time "
+        "(goodput_step_time_shifts_total, the daemon's change detector) counts. Within it, shifts on more than half "
+        "of the workload's ranks are a job-wide regression; on half or fewer, a straggler.")
     collective_hang_seconds: float = Field(
         300, gt=0, description="GoodputCollectiveHang: oldest in-flight collective waiting this long.")
     dump_stale_seconds: float = Field(
@@ -276,8 +280,8 @@ class RulesSettings(BaseModel):
 
     @field_validator("slow_groups_interval", "memory_predict_window", "memory_predict_horizon",
                      "goodput_trend_window", "goodput_drop_for", "wasted_progress_window", "mfu_drop_for",
-                     "idle_while_allocated_for", "straggler_for", "rank_missing_for", "throttle_for",
-                     "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
+                     "idle_while_allocated_for", "straggler_for", "step_shift_window", "rank_missing_for",
+                     "throttle_for", "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
                      "fabric_congestion_for", "bottleneck_gpu_recent_window", "inference_kv_cache_saturated_for",

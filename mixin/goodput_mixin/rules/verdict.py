@@ -26,6 +26,11 @@ Records: `gpu:goodput_bottleneck_candidate:order{layer, reason}` for each GPU si
 `diagnose` lists beside the verdict; of the signals of one GPU, only its first: the workload's GPUs are joined to
 one signal each); their value is the check's place in the walk, so the verdict is the lowest.
 
+Each check is declared once (`checks`): its terms (the figure it compares, one series per GPU, node or workload,
+against its threshold), the rule's condition written from them, and the alert whose runbook says what to do when it
+decides. `goodput-exporter diagnose` reads the same declarations, so the figure it shows beside each threshold is
+the one the rule compared.
+
 Cheap at 10,000 GPUs: the per-GPU signals are read once, over the short window, in two groups, and only the GPUs
 where one holds are recorded (a handful); the workload's GPUs are joined once to those, and twice to the recorded
 DCGM averages; the rest reads per-workload and per-node records. Every group runs every `slow_groups_interval`.
@@ -34,6 +39,8 @@ turn).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from .recording import Group, Rule, held
 from .settings import RulesSettings
@@ -71,6 +78,53 @@ _LAYER_OF = {reason: layer for layer, reason in WALK}
 # the walk goes through the layers in the order of LAYERS
 assert list(dict.fromkeys(layer for layer, _ in WALK)) == list(LAYERS[:-1])
 
+# what a series of a term's figure is about, and so how `diagnose` joins it to a workload: a GPU (through the
+# processes that held it within bottleneck_gpu_recent_window), a node (workload:goodput_node:info), or the workload
+# itself (the series carry its label: per workload, rank, node of it or process group)
+PER = ("gpu", "node", "workload")
+
+
+@dataclass(frozen=True)
+class Term:
+    """One comparison of a check: a figure (PromQL, one series per `per`) against a threshold."""
+
+    name: str  # what the figure is, in words (diagnose prints it)
+    per: str  # one of PER
+    figure: str  # as the rule compares it
+    op: str  # ">", ">=", "<" or "=="
+    threshold: float
+    # what diagnose reads instead of `figure`, where the rule counts an event for longer than the figure's window
+    shown: str | None = None
+    absent_is_zero: bool = False  # no series means none (the figure exists only where something happened)
+
+    @property
+    def condition(self) -> str:
+        return f"{self.figure} {self.op} {self.threshold:g}"
+
+    @property
+    def worst(self) -> str:
+        """The aggregation that picks, of a workload's series, the one closest to failing: max or min."""
+        return "min" if self.op == "<" or (self.op == "==" and self.threshold == 0) else "max"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One step of the walk: the terms it compares, the rule's condition built from them, and the alert whose runbook
+    says what to do when it decides the verdict."""
+
+    layer: str
+    reason: str
+    per: str  # "gpu": recorded per GPU (GPU_CANDIDATE), then joined to workloads; "workload": per workload
+    terms: tuple[Term, ...]
+    expr: str  # the condition, as the rule writes it
+    alert: str
+    # series of the workload (each a selector of a name with its label) that tell the causes of a failure apart
+    hints: tuple[str, ...] = ()
+
+    @property
+    def order(self) -> int:
+        return order(self.reason)
+
 
 def order(reason: str) -> int:
     """The reason's place in the walk (1 = checked first); healthy's is one past the last."""
@@ -79,74 +133,135 @@ def order(reason: str) -> int:
     return next(i for i, (_, r) in enumerate(WALK, 1) if r == reason)
 
 
-def _candidate(record: str, reason: str, expr: str) -> Rule:
-    """A rule recording `expr`'s series (one per GPU or workload) with the reason's place in the walk as value."""
-    return {"record": record, "expr": f"{order(reason)} * group without () (\n  {expr}\n)",
-            "labels": {"layer": _LAYER_OF[reason], "reason": reason}}
+def _check(reason: str, per: str, alert: str, *terms: Term, expr: str | None = None,
+           hints: tuple[str, ...] = ()) -> Check:
+    """A check whose condition is its one term's, unless `expr` joins several."""
+    if expr is None:
+        (term,) = terms
+        expr = term.condition
+    return Check(_LAYER_OF[reason], reason, per, terms, expr, alert, hints)
 
 
-def _per_workload(s: RulesSettings, reason: str, expr: str) -> Rule:
-    c = s.cluster_label
-    return {"record": CANDIDATE, "expr": f"{order(reason)} * group by ({c}, workload) (\n  {expr}\n)",
-            "labels": {"layer": _LAYER_OF[reason], "reason": reason}}
-
-
-def _gpu_faults(s: RulesSettings) -> list[Rule]:
-    """The cluster layer's GPU signals, per GPU, where they hold."""
-    w = s.windows[0]
+def checks(s: RulesSettings) -> tuple[Check, ...]:
+    """Every check of the walk, in its order."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    recent = s.bottleneck_gpu_recent_window
     xids = "|".join(str(x) for x in sorted(set(s.critical_xids)))
     xid = f'goodput_gpu_xid_errors_total{{xid=~"{xids}"}}'
     limits = 'reason=~"power|thermal|board_limit|reliability"'
-    return [
-        _candidate(GPU_CANDIDATE, "gpu_lost", "goodput_gpu_up == 0"),
-        _candidate(GPU_CANDIDATE, "ecc_uncorrected",
-                   f'sum without (error_type) (increase(goodput_gpu_ecc_errors_total{{error_type="uncorrected"}}'
-                   f"[{w}])) > 0"),
-        # the first XID of a code creates its series: increase() alone misses it (as GoodputGPUXidCritical)
-        _candidate(GPU_CANDIDATE, "xid",
-                   f"sum without (xid) (\n    increase({xid}[{w}]) > 0\n    or\n"
-                   f"    ({xid} unless {xid} offset {w})\n  )"),
-        _candidate(GPU_CANDIDATE, "gpu_throttled",
-                   f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total{{{limits}}}[{w}]))"
-                   f" > {s.throttle_ratio:g}"),
-    ]
-
-
-def _gpu_use(s: RulesSettings) -> list[Rule]:
-    """The host and memory layers' GPU signals, per GPU, where they hold."""
     used = "goodput_gpu_memory_used_bytes / (goodput_gpu_memory_total_bytes > 0)"
-    return [
-        _candidate(GPU_CANDIDATE, "numa_mismatch", "max without (pid) (goodput_gpu_numa_mismatch) == 1"),
-        _candidate(GPU_CANDIDATE, "memory_full", f"{used} > {s.bottleneck_memory_full_ratio:g}"),
-        _candidate(GPU_CANDIDATE, "memory_exhaustion_predicted",
-                   f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{s.memory_predict_horizon} > 1\n"
-                   f"  and {used} > {s.memory_used_ratio:g}"),
-    ]
+    badput = f"workload:goodput_badput_ratio:rate{w}"
+
+    def ecc(window: str) -> str:
+        return (f'sum without (error_type) (increase(goodput_gpu_ecc_errors_total{{error_type="uncorrected"}}'
+                f"[{window}]))")
+
+    # the first XID of a code creates its series: increase() alone misses it (as GoodputGPUXidCritical)
+    def xid_count(window: str) -> str:
+        return (f"sum without (xid) (\n    increase({xid}[{window}]) > 0\n    or\n"
+                f"    ({xid} unless {xid} offset {window})\n  )")
+
+    def pressure(resource: str, ratio: float) -> tuple[Term, str]:
+        term = Term(f"{resource} pressure (PSI some) on its nodes", "node",
+                    f'rate(goodput_host_pressure_stalled_seconds_total{{resource="{resource}",kind="some"}}[{w}])',
+                    ">", ratio)
+        return term, f"workload:goodput_node:info\n  and on ({c}, {n})\n  {term.condition}"
+
+    computing = Term("compute share", "workload", f"workload:goodput_ratio:rate{w}", ">=", s.bottleneck_compute_ratio)
+
+    def activity(pipe: str, ratio: float) -> tuple[Term, Term, str]:
+        term = Term(f"mean {'SM' if pipe == 'sm' else 'tensor-pipe'} activity of its GPUs", "workload",
+                    f"avg by ({c}, workload) (\n    {held(s)}\n    * on ({c}, {n}, uuid) group_left ()\n"
+                    f"    gpu:goodput_gpu_{pipe}_active_ratio:avg{w}\n  )", "<", ratio)
+        return term, computing, f"{term.condition}\n  and on ({c}, workload)\n  {computing.condition}"
+
+    hang = Term("oldest in-flight collective, seconds", "workload", "goodput_collective_oldest_inflight_seconds", ">",
+                s.collective_hang_seconds)
+    dump_age = Term("age of its flight-recorder dump, seconds", "workload",
+                    "time() - goodput_flight_recorder_dump_timestamp_seconds", "<", s.dump_stale_seconds)
+    congestion = Term("congestion-marked share of packets on its nodes", "workload",
+                      f"workload_node:goodput_fabric_congestion_ratio:rate{w}", ">", s.fabric_congestion_ratio)
+    node_comm_wait = Term("comm_wait share on that node", "workload", f"workload_node:goodput_comm_wait_ratio:rate{w}",
+                          ">", s.fabric_congestion_comm_wait_ratio)
+    predicted = Term(f"memory use in {s.memory_predict_horizon}, predicted, share of total", "gpu",
+                     f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{s.memory_predict_horizon}", ">", 1)
+    in_use = Term("memory in use, share of total", "gpu", used, ">", s.memory_used_ratio)
+    io, io_expr = pressure("io", s.bottleneck_io_pressure_ratio)
+    cpu, cpu_expr = pressure("cpu", s.bottleneck_cpu_pressure_ratio)
+    sm, sm_computing, sm_expr = activity("sm", s.underused_sm_active_ratio)
+    tensor, tensor_computing, tensor_expr = activity("tensor", s.bottleneck_tensor_active_ratio)
+    found = (
+        _check("gpu_lost", "gpu", "GoodputGPUXidCritical", Term("GPU up", "gpu", "goodput_gpu_up", "==", 0)),
+        _check("ecc_uncorrected", "gpu", "GoodputGPUEccUncorrectable",
+               Term(f"uncorrected ECC errors in {recent}", "gpu", ecc(w), ">", 0, shown=ecc(recent))),
+        _check("xid", "gpu", "GoodputGPUXidCritical",
+               Term(f"critical XIDs in {recent}", "gpu", xid_count(w), ">", 0, shown=xid_count(recent),
+                    absent_is_zero=True),
+               expr=xid_count(w)),
+        _check("gpu_throttled", "gpu", "GoodputGPUThrottled",
+               Term("share of time throttled (power, thermal, board, reliability)", "gpu",
+                    f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total{{{limits}}}[{w}]))", ">",
+                    s.throttle_ratio)),
+        _check("rank_missing", "workload", "GoodputCollectiveRankMissing",
+               Term("a rank missing from a collective", "workload", "goodput_collective_missing_rank", "==", 1,
+                    absent_is_zero=True)),
+        _check("collective_hang", "workload", "GoodputCollectiveHang", hang, dump_age,
+               expr=f"{hang.condition}\n  and on ({c}, {n}, workload, rank)\n  ({dump_age.condition})"),
+        _check("fabric_errors", "workload", "GoodputFabricErrors",
+               Term("link errors per second on its nodes", "workload",
+                    f"workload_node:goodput_fabric_link_errors:rate{w}", ">", s.fabric_error_rate)),
+        _check("fabric_congestion", "workload", "GoodputFabricCongestion", congestion, node_comm_wait,
+               expr=f"{congestion.condition}\n  and on ({c}, {n}, workload)\n  {node_comm_wait.condition}"),
+        _check("comm_wait", "workload", "GoodputDrop",
+               Term("comm_wait share", "workload", f'{badput}{{phase="comm_wait"}}', ">",
+                    s.bottleneck_comm_wait_ratio),
+               # one rank slower than the rest (they wait for it) or the network (all wait alike)
+               hints=(f"workload_rank:goodput_straggler_ratio:rate{w}", "workload:goodput_step_time_shift:info")),
+        _check("io_pressure", "workload", "GoodputDrop", io, expr=io_expr),
+        _check("cpu_pressure", "workload", "GoodputDrop", cpu, expr=cpu_expr),
+        _check("numa_mismatch", "gpu", "GoodputDrop",
+               Term("a process allowed off its GPU's NUMA node", "gpu",
+                    "max without (pid) (goodput_gpu_numa_mismatch)", "==", 1)),
+        _check("data_wait", "workload", "GoodputDrop",
+               Term("data_wait share", "workload", f'{badput}{{phase="data_wait"}}', ">",
+                    s.bottleneck_data_wait_ratio)),
+        _check("memory_full", "gpu", "GoodputGPUMemoryExhaustionSoon",
+               Term("memory in use, share of total", "gpu", used, ">", s.bottleneck_memory_full_ratio)),
+        _check("memory_exhaustion_predicted", "gpu", "GoodputGPUMemoryExhaustionSoon", predicted, in_use,
+               expr=f"{predicted.condition}\n  and {in_use.condition}"),
+        _check("low_sm_activity", "workload", "GoodputMFUDrop", sm, sm_computing, expr=sm_expr),
+        _check("low_tensor_activity", "workload", "GoodputMFUDrop", tensor, tensor_computing, expr=tensor_expr),
+    )
+    assert [(check.layer, check.reason) for check in found] == list(WALK)
+    return found
+
+
+def _candidate(record: str, check: Check) -> Rule:
+    """A rule recording the check's series (one per GPU) with its place in the walk as value."""
+    return {"record": record, "expr": f"{check.order} * group without () (\n  {check.expr}\n)",
+            "labels": {"layer": check.layer, "reason": check.reason}}
+
+
+def _per_workload(s: RulesSettings, check: Check) -> Rule:
+    c = s.cluster_label
+    return {"record": CANDIDATE, "expr": f"{check.order} * group by ({c}, workload) (\n  {check.expr}\n)",
+            "labels": {"layer": check.layer, "reason": check.reason}}
+
+
+def _gpu(s: RulesSettings, layers: tuple[str, ...]) -> list[Rule]:
+    """The GPU signals of these layers, per GPU, where they hold."""
+    return [_candidate(GPU_CANDIDATE, check) for check in checks(s) if check.per == "gpu" and check.layer in layers]
 
 
 def _workload(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     recent = s.bottleneck_gpu_recent_window
-    held_now = held(s)
     held_recently = f"max by ({c}, {n}, uuid, workload) (max_over_time(goodput_gpu_workload_info[{recent}]))"
     events = "|".join(EVENTS)
     # one signal per GPU, the first in the walk (a GPU may be held by several workloads: the many side is theirs)
     gpu_signals = (f"bottomk by ({c}, {n}, uuid) (1,\n"
                    f'    {GPU_CANDIDATE}{{reason!~"{events}"}}\n    or\n'
                    f'    max_over_time({GPU_CANDIDATE}{{reason=~"{events}"}}[{recent}])\n  )')
-    badput = f"workload:goodput_badput_ratio:rate{w}"
-    computing = f"workload:goodput_ratio:rate{w} >= {s.bottleneck_compute_ratio:g}"
-
-    def pressure(resource: str, ratio: float) -> str:
-        return (f"workload:goodput_node:info\n  and on ({c}, {n})\n"
-                f'  rate(goodput_host_pressure_stalled_seconds_total{{resource="{resource}",kind="some"}}[{w}])'
-                f" > {ratio:g}")
-
-    def activity(pipe: str, ratio: float) -> str:
-        return (f"avg by ({c}, workload) (\n    {held_now}\n    * on ({c}, {n}, uuid) group_left ()\n"
-                f"    gpu:goodput_gpu_{pipe}_active_ratio:avg{w}\n  ) < {ratio:g}\n  and on ({c}, workload)\n"
-                f"  {computing}")
-
     phases = f"workload:goodput_phase_seconds:rate{w}"
     healthy = (f'label_replace(\n      label_replace({order("none")} * group by ({c}, workload) ({phases}), '
                f'"layer", "{HEALTHY[0]}", "", ""),\n      "reason", "{HEALTHY[1]}", "", ""\n    )')
@@ -156,23 +271,7 @@ def _workload(s: RulesSettings) -> list[Rule]:
         {"record": CANDIDATE,
          "expr": f"min by ({c}, workload, layer, reason) (\n  {held_recently}\n"
                  f"  * on ({c}, {n}, uuid) group_left (layer, reason)\n  {gpu_signals}\n)"},
-        _per_workload(s, "rank_missing", "goodput_collective_missing_rank == 1"),
-        _per_workload(s, "collective_hang",
-                      f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"
-                      f"  and on ({c}, {n}, workload, rank)\n"
-                      f"  (time() - goodput_flight_recorder_dump_timestamp_seconds < {s.dump_stale_seconds:g})"),
-        _per_workload(s, "fabric_errors",
-                      f"workload_node:goodput_fabric_link_errors:rate{w} > {s.fabric_error_rate:g}"),
-        _per_workload(s, "fabric_congestion",
-                      f"workload_node:goodput_fabric_congestion_ratio:rate{w} > {s.fabric_congestion_ratio:g}\n"
-                      f"  and on ({c}, {n}, workload)\n"
-                      f"  workload_node:goodput_comm_wait_ratio:rate{w} > {s.fabric_congestion_comm_wait_ratio:g}"),
-        _per_workload(s, "comm_wait", f'{badput}{{phase="comm_wait"}} > {s.bottleneck_comm_wait_ratio:g}'),
-        _per_workload(s, "io_pressure", pressure("io", s.bottleneck_io_pressure_ratio)),
-        _per_workload(s, "cpu_pressure", pressure("cpu", s.bottleneck_cpu_pressure_ratio)),
-        _per_workload(s, "data_wait", f'{badput}{{phase="data_wait"}} > {s.bottleneck_data_wait_ratio:g}'),
-        _per_workload(s, "low_sm_activity", activity("sm", s.underused_sm_active_ratio)),
-        _per_workload(s, "low_tensor_activity", activity("tensor", s.bottleneck_tensor_active_ratio)),
+        *(_per_workload(s, check) for check in checks(s) if check.per == "workload"),
         # the verdict: of each workload that reports phases, its first candidate in the walk, else healthy. The
         # values are distinct per workload (one series per reason), so bottomk keeps exactly one.
         {"record": VERDICT,
@@ -184,7 +283,7 @@ def _workload(s: RulesSettings) -> list[Rule]:
 def verdict_groups(s: RulesSettings) -> list[Group]:
     interval = s.slow_groups_interval
     return [
-        {"name": "goodput.bottleneck_gpu_faults", "interval": interval, "rules": _gpu_faults(s)},
-        {"name": "goodput.bottleneck_gpu_use", "interval": interval, "rules": _gpu_use(s)},
+        {"name": "goodput.bottleneck_gpu_faults", "interval": interval, "rules": _gpu(s, ("cluster",))},
+        {"name": "goodput.bottleneck_gpu_use", "interval": interval, "rules": _gpu(s, ("host", "memory"))},
         {"name": "goodput.bottleneck", "interval": interval, "rules": _workload(s)},
     ]

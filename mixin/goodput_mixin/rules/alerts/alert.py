@@ -3,6 +3,11 @@ templated description naming the workload, rank, node or GPU, and a runbook in d
 
 Each alert is declared once here with the runbook file it links to; a test checks every runbook exists
 and every alert has promtool tests that make it fire and keep it silent.
+
+An alert on a training workload (`per_workload`: its series carry a `workload` label) also carries the funnel's
+verdict on that workload while it fires (`verdict`, read again at each evaluation: layer/reason of
+workload:goodput_bottleneck:info, or `unknown` where the workload reports no phases to judge), and the command that
+walks the funnel for it (`diagnose`): the page says where to look first before anyone opens a dashboard.
 """
 
 from __future__ import annotations
@@ -10,8 +15,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..settings import RulesSettings
+from ..verdict import VERDICT
 
 Rule = dict[str, object]
+
+
+def verdict_annotation(s: RulesSettings) -> str:
+    """The alerting workload's verdict now, as layer/reason: a query from the alert's template (Prometheus runs it
+    when the alert is evaluated), on the alert's cluster and workload labels (an absent cluster label matches the
+    series without one)."""
+    c = s.cluster_label
+    return (f'{{{{ with printf "{VERDICT}{{{c}=%q,workload=%q}}" $labels.{c} $labels.workload | query }}}}'
+            "{{ with first . }}{{ .Labels.layer }}/{{ .Labels.reason }}{{ end }}{{ else }}unknown{{ end }}")
+
+
+DIAGNOSE = "goodput-exporter diagnose --workload {{ $labels.workload }}"
 
 
 @dataclass(frozen=True)
@@ -23,12 +41,16 @@ class Alert:
     for_: str
     summary: str
     description: str
+    per_workload: bool = False  # its series name a training workload: annotate the verdict and diagnose command
 
     def rule(self, s: RulesSettings) -> Rule:
         rule: Rule = {"alert": self.name, "expr": self.expr}
         if self.for_ not in ("0m", "0s"):
             rule["for"] = self.for_
         rule["labels"] = {"severity": self.severity}
-        rule["annotations"] = {"summary": self.summary, "description": self.description,
-                               "runbook_url": f"{s.runbook_base_url.rstrip('/')}/{self.runbook}"}
+        annotations = {"summary": self.summary, "description": self.description,
+                       "runbook_url": f"{s.runbook_base_url.rstrip('/')}/{self.runbook}"}
+        if self.per_workload:
+            annotations |= {"verdict": verdict_annotation(s), "diagnose": DIAGNOSE}
+        rule["annotations"] = annotations
         return rule
