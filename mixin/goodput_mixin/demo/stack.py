@@ -49,7 +49,10 @@ DEMO_SETTINGS = RulesSettings(
     wasted_progress_window="1m", wasted_progress_ratio=0.02,
     # the straggler fault (a rank 3x slower in compute: every rank's step 0.07 s -> 0.19 s) cuts the job's FLOPs per
     # second by about 60%; a crash's 4 s without steps cuts the 20s window's by about 20%, and only while it lasts
-    mfu_drop_ratio=0.3, mfu_drop_for="20s")
+    mfu_drop_ratio=0.3, mfu_drop_for="20s",
+    # an XID names the cluster layer in the verdict for a minute after it, not the default 15, so that the demo reads
+    # healthy again soon after the fault clears
+    bottleneck_gpu_recent_window="1m")
 WORKLOAD = "demo-job"
 SERVING = "demo-serve"  # the serving engine's workload: its process's TORCHELASTIC_RUN_ID, and its scrape's label
 SERVING_JOB = "vllm"
@@ -126,12 +129,23 @@ class Stack:
             self._start_prometheus()
             self.job = SimulatedJob(WORKLOAD, self.ranks, str(self.workdir / "ingest.sock"),
                                     self.workdir / "flight").start()
-            for rank in range(self.ranks):  # each rank holds one GPU, as a real job's processes would
-                self.gpus.attach_process(rank, os.getpid())
+            self._hold_gpus()
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _hold_gpus(self) -> None:
+        """Each rank holds one GPU, as a real job's processes would: a process per rank, named by its launcher's
+        variables and pinned to its GPU's CPUs, as a well-placed job is (the job's ranks are threads of this
+        process, whose affinity spans every CPU, while the simulated GPUs split the CPUs into NUMA nodes: held by
+        this process, every GPU would read as a NUMA mismatch)."""
+        sleep = shutil.which("sleep") or "/bin/sleep"
+        for rank in range(self.ranks):
+            holder = subprocess.Popen([sleep, "infinity"], env={"TORCHELASTIC_RUN_ID": WORKLOAD, "RANK": str(rank)})
+            self._procs.append(holder)
+            os.sched_setaffinity(holder.pid, self.gpus.device_cpu_affinity(self.gpus.device_handle(rank)))
+            self.gpus.attach_process(rank, holder.pid)
 
     def stop(self) -> None:
         if self.job is not None:

@@ -1,0 +1,96 @@
+"""The walk as a person reads it (level by level, each check with its figure, then the verdict, the queries to paste
+and the runbook), or as JSON for tools (docs/diagnose.schema.json)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from ..rules.verdict import LAYERS
+from .walk import CheckReading, Diagnosis, Runbook, TermReading
+
+NOT = {">": "<=", ">=": "<", "<": ">=", "==": "!="}
+STATUS = {"failed": "FAILED", "passed": "passed", "no_data": "no data"}
+
+
+def number(value: float) -> str:
+    return f"{value:.3g}"
+
+
+def term_text(reading: TermReading) -> str:
+    term = reading.term
+    if reading.value is None:
+        return f"{term.name}: no data"
+    op = term.op if reading.holds else NOT[term.op]
+    return f"{term.name} {number(reading.value)} {op} {term.threshold:g}"
+
+
+def _check_line(reading: CheckReading, deciding: bool) -> str:
+    line = f"    {STATUS[reading.status]:<8} {reading.check.reason:<28} {'; '.join(map(term_text, reading.terms))}"
+    if deciding:
+        line += "   <- the verdict"
+    elif reading.holds_unrecorded:
+        line += "   (holds now; not in the rules' last evaluation)"
+    return line
+
+
+def text(diagnoses: list[Diagnosis]) -> str:
+    lines: list[str] = []
+    for diagnosis in diagnoses:
+        target = diagnosis.target
+        where = f"  {diagnosis.cluster_label}={target.cluster}" if target.cluster is not None else ""
+        goodput = ("no time accounted in the window" if target.goodput is None
+                   else f"{target.goodput:.0%} ({number(target.goodput)})")
+        if lines:
+            lines.append("")
+        lines.append(f"{target.workload}{where}  goodput {goodput}")
+        deciding = diagnosis.deciding
+        for layer in LAYERS[:-1]:
+            lines.append(f"  {layer}")
+            lines += [_check_line(c, c is deciding) for c in diagnosis.checks if c.check.layer == layer]
+        lines.append(f"  verdict: {target.layer}" + ("" if diagnosis.healthy else f" ({target.reason})"))
+        lines.append("  evidence (paste into Prometheus):")
+        lines += [f"    {query}" for query in diagnosis.evidence]
+        if deciding is not None:
+            lines.append(f"  runbook: {deciding.runbook.url}")
+    if len(diagnoses) > 1:
+        verdicts = Counter(d.target.layer for d in diagnoses if not d.healthy)
+        healthy = sum(d.healthy for d in diagnoses)
+        summary = f"{len(diagnoses)} workloads: {healthy} healthy"
+        if verdicts:
+            summary += ", " + ", ".join(f"{count} {layer}" for layer, count in sorted(verdicts.items()))
+        lines += ["", summary]
+    return "\n".join(lines) + "\n"
+
+
+def _runbook(runbook: Runbook) -> dict[str, str]:
+    return {"file": runbook.file, "url": runbook.url}
+
+
+def document(diagnoses: list[Diagnosis], *, prometheus: str, at: float, settings: str,
+             warnings: list[str]) -> dict[str, Any]:
+    """The JSON document `--json` prints."""
+    workloads = []
+    for diagnosis in diagnoses:
+        target, deciding = diagnosis.target, diagnosis.deciding
+        workloads.append({
+            "workload": target.workload,
+            "cluster": target.cluster,
+            "goodput_ratio": target.goodput,
+            "layer": target.layer,
+            "reason": target.reason,
+            "checks": [{
+                "order": reading.check.order,
+                "layer": reading.check.layer,
+                "reason": reading.check.reason,
+                "status": reading.status,
+                "verdict": reading is deciding,
+                "terms": [{"name": t.term.name, "query": t.query, "value": t.value, "op": t.term.op,
+                           "threshold": t.term.threshold, "holds": t.holds} for t in reading.terms],
+                "evidence": reading.evidence,
+                "runbook": _runbook(reading.runbook),
+            } for reading in diagnosis.checks],
+            "evidence": diagnosis.evidence,
+            "runbook": None if deciding is None else _runbook(deciding.runbook),
+        })
+    return {"prometheus": prometheus, "time": at, "settings": settings, "warnings": warnings, "workloads": workloads}

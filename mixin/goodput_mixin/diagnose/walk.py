@@ -1,0 +1,298 @@
+"""The walk of the funnel for some workloads, read from Prometheus at one instant.
+
+The verdict and the checks that failed come from the rules (`workload:goodput_bottleneck:info` and the candidates
+they record, rules/verdict.py): diagnose says what the rules decided, it does not decide again. Beside each check it
+reads the figure the rule compared (verdict.checks declares it with its threshold), the worst of the workload's
+series: its GPUs held within bottleneck_gpu_recent_window, its nodes, or its own series. One query per figure serves
+every workload asked about, so the cost grows with the checks, not with the workloads.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+
+from ..rules.alerts import alerts
+from ..rules.settings import RulesSettings
+from ..rules.verdict import CANDIDATE, HEALTHY, VERDICT, Check, Term, checks, order
+from .prometheus import AskError, Prometheus, Sample
+
+NODE_INFO = "workload:goodput_node:info"
+SHOWN_NAMES = 10  # workloads named in an error that lists them
+
+
+def string(value: str) -> str:
+    """A PromQL string literal (Go's escapes, which JSON's are a subset of)."""
+    return json.dumps(value, ensure_ascii=False)
+
+
+_SELECTOR = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?$", re.DOTALL)
+_CALL = re.compile(r"^[a-z_]+(?: (?:by|without) \([^()]*\))? \(")
+
+
+def with_matchers(expr: str, matchers: str) -> str | None:
+    """`expr` with the matchers added, where it is one vector selector; else None."""
+    found = _SELECTOR.match(expr)
+    if found is None:
+        return None
+    name, inner = found.groups()
+    return f"{name}{{{f'{inner}, ' if inner else ''}{matchers}}}"
+
+
+def _closes_at_end(expr: str, start: int) -> bool:
+    """Whether the parenthesis opened at `start` closes at the end of `expr`."""
+    depth = 0
+    for i, char in enumerate(expr[start:], start):
+        depth += (char == "(") - (char == ")")
+        if depth == 0:
+            return i == len(expr) - 1
+    return False
+
+
+def paren(expr: str) -> str:
+    """`expr`, in parentheses unless it is a selector or one call/aggregation: safe on either side of an operator."""
+    call = _CALL.match(expr)
+    if _SELECTOR.match(expr) or (call and _closes_at_end(expr, call.end() - 1)):
+        return expr
+    return f"({expr})"
+
+
+def one_line(expr: str) -> str:
+    return re.sub(r"\s*\n\s*", " ", expr).strip()
+
+
+@dataclass(frozen=True)
+class Runbook:
+    file: str  # under docs/runbooks/
+    url: str
+
+
+@dataclass(frozen=True)
+class Target:
+    cluster: str | None
+    workload: str
+    layer: str
+    reason: str
+    goodput: float | None
+
+    @property
+    def key(self) -> tuple[str | None, str]:
+        return self.cluster, self.workload
+
+
+@dataclass
+class TermReading:
+    term: Term
+    query: str  # the figure's series of this workload, to paste into Prometheus
+    value: float | None  # the worst of them; None: no series
+
+    @property
+    def holds(self) -> bool | None:
+        if self.value is None:
+            return None
+        op, threshold = self.term.op, self.term.threshold
+        return {">": self.value > threshold, ">=": self.value >= threshold, "<": self.value < threshold,
+                "==": self.value == threshold}[op]
+
+
+@dataclass
+class CheckReading:
+    check: Check
+    status: str  # failed (the rules recorded it), passed, or no_data (none of its figures has a series)
+    terms: list[TermReading]
+    evidence: list[str]
+    runbook: Runbook
+
+    @property
+    def holds_unrecorded(self) -> bool:
+        """Every figure crosses its threshold now, yet the rules did not record the check: one evaluation old, or
+        a GPU whose earlier signal in the walk is the one recorded for it."""
+        return self.status != "failed" and all(t.holds for t in self.terms)
+
+
+@dataclass
+class Diagnosis:
+    target: Target
+    goodput_query: str
+    cluster_label: str
+    checks: list[CheckReading] = field(default_factory=list)
+
+    @property
+    def healthy(self) -> bool:
+        return self.target.layer == HEALTHY[0]
+
+    @property
+    def deciding(self) -> CheckReading | None:
+        """The check that decided the verdict; None when healthy (or the rules name a reason this version does not
+        know)."""
+        return next((c for c in self.checks if c.check.reason == self.target.reason), None)
+
+    @property
+    def evidence(self) -> list[str]:
+        deciding = self.deciding
+        if deciding is None:
+            return [self.goodput_query]
+        return [*deciding.evidence, self.candidates_query]
+
+    @property
+    def candidates_query(self) -> str:
+        return f"{CANDIDATE}{{{self.matchers}}}"
+
+    @property
+    def matchers(self) -> str:
+        return matchers(self.target, self.cluster_label)
+
+
+def matchers(target: Target, cluster_label: str) -> str:
+    parts = [] if target.cluster is None else [f"{cluster_label}={string(target.cluster)}"]
+    return ", ".join([*parts, f"workload={string(target.workload)}"])
+
+
+class Walk:
+    """Reads the walk of the workloads asked about from one Prometheus at one instant."""
+
+    def __init__(self, prometheus: Prometheus, settings: RulesSettings, at: float) -> None:
+        self.prometheus = prometheus
+        self.s = settings
+        self.at = at
+        self._answers: dict[str, list[Sample]] = {}
+        self.checks = checks(settings)
+        runbooks = {alert.name: alert.runbook for alert in alerts(settings)}
+        base = settings.runbook_base_url.rstrip("/")
+        self.runbooks = {check.reason: Runbook(runbooks[check.alert], f"{base}/{runbooks[check.alert]}")
+                         for check in self.checks}
+
+    def ask(self, expr: str) -> list[Sample]:
+        if expr not in self._answers:
+            self._answers[expr] = self.prometheus.query(expr, self.at)
+        return self._answers[expr]
+
+    def _key(self, labels: dict[str, str]) -> tuple[str | None, str]:
+        return labels.get(self.s.cluster_label), labels.get("workload", "")
+
+    # --- which workloads ---------------------------------------------------------------------------
+
+    def targets(self, workloads: list[str] | None = None, worst: int | None = None) -> list[Target]:
+        """The workloads named (every one with a verdict when none is), or the `worst` with the lowest goodput (a
+        workload with no accounted time in the window, stalled, first). Raises AskError where there is nothing to
+        diagnose."""
+        verdicts: dict[tuple[str | None, str], Sample] = {}
+        for sample in self.ask(VERDICT):
+            key = self._key(sample.labels)
+            known = verdicts.get(key)
+            if known is None or self._order(sample) < self._order(known):  # duplicates (replicas): the first
+                verdicts[key] = sample
+        if not verdicts:
+            raise AskError(self._nothing_to_diagnose())
+        ratio = f"workload:goodput_ratio:rate{self.s.windows[0]}"
+        goodput = {self._key(sample.labels): sample.value for sample in self.ask(ratio)}
+        found = sorted((Target(key[0], key[1], sample.labels.get("layer", "?"), sample.labels.get("reason", "?"),
+                               goodput.get(key)) for key, sample in verdicts.items()),
+                       key=lambda t: (t.cluster or "", t.workload))
+        if workloads:
+            unknown = [w for w in dict.fromkeys(workloads) if w not in {t.workload for t in found}]
+            if unknown:
+                names = sorted({t.workload for t in found})
+                shown = ", ".join(names[:SHOWN_NAMES]) + (f" and {len(names) - SHOWN_NAMES} more"
+                                                          if len(names) > SHOWN_NAMES else "")
+                raise AskError(f"no verdict for workload {', '.join(map(repr, unknown))} in this Prometheus: it "
+                               f"reports no phases, or no workload has that name (workloads with a verdict: {shown})")
+            found = [t for t in found if t.workload in workloads]
+        if worst is not None:
+            found = sorted(found, key=lambda t: (-1.0 if t.goodput is None else t.goodput, t.workload))[:worst]
+        return found
+
+    @staticmethod
+    def _order(sample: Sample) -> int:
+        reason = sample.labels.get("reason", "")
+        try:
+            return order(reason)
+        except StopIteration:
+            return 0
+
+    def _nothing_to_diagnose(self) -> str:
+        records = self.prometheus.recording_rules()
+        phases = f"workload:goodput_phase_seconds:rate{self.s.windows[0]}"
+        if records is not None and VERDICT in records:
+            return (f"no workload reports phases in this Prometheus ({VERDICT} is loaded, but {phases} has no "
+                    "series): nothing to diagnose yet")
+        return (f"the goodput rules are not loaded in this Prometheus (no {VERDICT} series): load "
+                "rules/goodput-recording.rules.yml (docs/diagnose.md)")
+
+    def warnings(self) -> list[str]:
+        """What makes the figures unreliable: rules generated with other windows than these settings name."""
+        records = self.prometheus.recording_rules()
+        expected = f"workload:goodput_ratio:rate{self.s.windows[0]}"
+        if not records or VERDICT not in records or expected in records:
+            return []
+        loaded = sorted(r for r in records if r.startswith("workload:goodput_ratio:rate"))
+        return [f"the goodput rules in this Prometheus were generated with other windows ({', '.join(loaded)} "
+                f"recorded, not {expected}): figures will read no data; pass --rules-config with the settings "
+                "they were generated from"]
+
+    # --- the walk ----------------------------------------------------------------------------------
+
+    def diagnose(self, targets: list[Target]) -> list[Diagnosis]:
+        if not targets:
+            return []
+        c = self.s.cluster_label
+        names = sorted({t.workload for t in targets})
+        regex = string("|".join(re.escape(name) for name in names))
+        failed = {(self._key(s.labels), s.labels.get("reason")) for s in self.ask(f"{CANDIDATE}{{workload=~{regex}}}")}
+        held = self._held(f"workload=~{regex}")
+        with_gpus = {self._key(s.labels) for s in self.ask(f"count by ({c}, workload) ({held})")}
+        values = {term: self._worst(term, regex) for check in self.checks for term in check.terms}
+        out = []
+        for target in targets:
+            here = matchers(target, c)
+            ratio = f"workload:goodput_ratio:rate{self.s.windows[0]}"
+            diagnosis = Diagnosis(target, with_matchers(ratio, here) or ratio, c)
+            for check in self.checks:
+                readings = []
+                for term in check.terms:
+                    value = values[term].get(target.key)
+                    if value is None and term.absent_is_zero and (term.per != "gpu" or target.key in with_gpus):
+                        value = 0.0
+                    readings.append(TermReading(term, one_line(self._series(term, here)), value))
+                if (target.key, check.reason) in failed:
+                    status = "failed"
+                elif any(r.value is not None for r in readings):
+                    status = "passed"
+                else:
+                    status = "no_data"
+                hints = [with_matchers(hint, here) or hint for hint in check.hints]
+                diagnosis.checks.append(CheckReading(check, status, readings, [r.query for r in readings] + hints,
+                                                     self.runbooks[check.reason]))
+            out.append(diagnosis)
+        return out
+
+    def _held(self, selector: str) -> str:
+        c, n = self.s.cluster_label, self.s.node_label
+        return (f"max by ({c}, {n}, uuid, workload) "
+                f"(max_over_time(goodput_gpu_workload_info{{{selector}}}[{self.s.bottleneck_gpu_recent_window}]))")
+
+    def _worst(self, term: Term, regex: str) -> dict[tuple[str | None, str], float]:
+        """The term's figure, the worst series of each workload of the regex."""
+        c, n = self.s.cluster_label, self.s.node_label
+        figure, worst = term.shown or term.figure, term.worst
+        if term.per == "gpu":
+            expr = (f"{worst} by ({c}, workload) (\n  {self._held(f'workload=~{regex}')}\n"
+                    f"  * on ({c}, {n}, uuid) group_left ()\n  {worst} by ({c}, {n}, uuid) ({figure})\n)")
+        elif term.per == "node":
+            expr = (f"{worst} by ({c}, workload) (\n  {NODE_INFO}{{workload=~{regex}}}\n"
+                    f"  * on ({c}, {n}) group_left ()\n  {worst} by ({c}, {n}) ({figure})\n)")
+        else:
+            expr = (f"{worst} by ({c}, workload) (\n  {paren(figure)}\n  and on ({c}, workload)\n"
+                    f"  {VERDICT}{{workload=~{regex}}}\n)")
+        return {self._key(s.labels): s.value for s in self.ask(expr)}
+
+    def _series(self, term: Term, here: str) -> str:
+        """The term's figure, each series of one workload: what to paste to see which GPU, node or rank it is."""
+        c, n = self.s.cluster_label, self.s.node_label
+        figure = paren(term.shown or term.figure)
+        if term.per == "gpu":
+            return f"{figure} * on ({c}, {n}, uuid) group_left (workload) {self._held(here)}"
+        if term.per == "node":
+            return f"{figure} * on ({c}, {n}) group_left (workload) {NODE_INFO}{{{here}}}"
+        return with_matchers(term.figure, here) or f"{figure} and on ({c}, workload) {VERDICT}{{{here}}}"
