@@ -41,6 +41,8 @@ def _default(field) -> str:  # type: ignore[no-untyped-def]
     if field.default_factory is not None:
         return "[]"
     value = field.default
+    if value is None:  # derived from another key; its description says how
+        return "derived"
     if isinstance(value, list):  # a list of strings: comma-separated, as its flag and variable take it
         return ",".join(value)
     if isinstance(value, bool):
