@@ -21,7 +21,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import adaptive
 import attribution
+import changepoint
 import client_ingest
 import cpu_split
 import dcgm_parse
@@ -201,7 +203,10 @@ def main() -> None:
     fabric = fabric_collect.run()
     scale = rules_scale.run()
     attributed = attribution.run()
-    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, fabric, scale, attributed)
+    adapted = adaptive.run()
+    steps = changepoint.run()
+    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, fabric, scale, attributed,
+          adapted, steps)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
@@ -282,7 +287,8 @@ def dcgm_markdown(costs: list[dcgm_parse.Result], latencies: list[dcgm_parse.Lat
 def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
           throughput: float, imported: int, flight: list[flight_parse.Result],
           dcgm: tuple[list[dcgm_parse.Result], list[dcgm_parse.Latency]], fabric: fabric_collect.Result,
-          scale: rules_scale.Result, attributed: attribution.Result) -> None:
+          scale: rules_scale.Result, attributed: attribution.Result, adapted: adaptive.Result,
+          steps: changepoint.Result) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -388,6 +394,8 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
         "",
     ]
     lines += attribution.markdown(attributed)
+    lines += adaptive.markdown(adapted)
+    lines += changepoint.markdown(steps)
     RESULTS.write_text("\n".join(lines))
 
 

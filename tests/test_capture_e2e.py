@@ -32,7 +32,7 @@ pytest_plugins = ["job_env"]  # the session's job venv (PyTorch and goodput-clie
 WORKLOAD = "capture-job"
 STEPS, SLOW_FROM, BASE_SECONDS, SLOW_SECONDS, CAPTURE_STEPS = 160, 80, 0.02, 0.02, 10
 # Only shifts of 30% or more are reported here: a sleep-paced job on a shared 2-core machine wanders by more than the
-# default 5% when other work takes the CPU, and this test is about the way from a shift to a capture (the detector's
+# default 6% when other work takes the CPU, and this test is about the way from a shift to a capture (the detector's
 # sensitivity is measured on recorded series: tests/test_changepoint.py, bench/changepoint.py). The slowdown is 100%.
 MIN_RATIO = 0.3
 
@@ -141,6 +141,9 @@ def test_a_slowed_rank_is_detected_and_captured_and_hta_reads_the_slowdown(
         assert len(parsed[rank]["steps"]) >= CAPTURE_STEPS - 1, parsed[rank]["step_names"]
         assert all(name.startswith("ProfilerStep#") for name in parsed[rank]["step_names"])
     slow, peer = (statistics.median(parsed[r]["computes"]) for r in ("1", "0"))
+    print(f"\nbefore the shift: rank 1 step median {before:.4f}s; HTA: compute median rank 1 {slow:.4f}s, rank 0 "
+          f"{peer:.4f}s; ProfilerStep median rank 1 {statistics.median(parsed['1']['steps']):.4f}s, rank 0 "
+          f"{statistics.median(parsed['0']['steps']):.4f}s over {len(parsed['1']['steps'])} steps")
     assert slow - peer > 0.8 * SLOW_SECONDS, (slow, peer)
     assert statistics.median(parsed["1"]["steps"]) > before + 0.8 * SLOW_SECONDS, (parsed["1"]["steps"], before)
 

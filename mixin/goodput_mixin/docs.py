@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from exporter.config import FaultSpec, env_name, flag_name, settable_keys
 from exporter.core import health
-from exporter.core.settings import format_duration
+from exporter.core.settings import format_duration, parse_duration
 from exporter.sources import SOURCES
 
 SELF_TITLE = "The exporter itself"
@@ -47,8 +47,8 @@ def _default(field) -> str:  # type: ignore[no-untyped-def]
         return ",".join(value)
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, float):
-        return format_duration(value)
+    if isinstance(value, float) and any(getattr(m, "func", None) is parse_duration for m in field.metadata):
+        return format_duration(value)  # a Duration; a plain float (a ratio, a threshold) reads as a number
     return str(value)
 
 

@@ -13,12 +13,13 @@ length, and it is made robust because step times are neither Gaussian nor indepe
   checkpoint or an evaluation that takes 3-20x for one or two steps never reaches them, however large; and a
   step's excess is clipped to CLIP standard deviations, so a longer burst adds little;
 - a sum over the threshold is confirmed by a second, plain test once it has lasted MIN_RUN steps: the median of
-  the steps since the sum left zero must differ by at least `min_ratio` from the median of the up to REFERENCE
-  steps before them (since the last shift). Step times on a real machine wander by a few percent over hundreds
-  of steps, and this compares with the level just before the change rather than the warmup's. A sum that fails
-  it was a burst or a drift too small or too slow to be a shift: the baseline quietly becomes that local level
-  and the sums start again;
-- after a shift the detector warms up again from the steps since the change began, so the new level becomes
+  the last MIN_RUN steps, and of the last half of them (the change is still there: not a burst that has passed),
+  must differ by at least `min_ratio` from the median of the up to REFERENCE steps before the sum left zero
+  (since the last shift). Step times on a real machine wander by a few percent over hundreds of steps, so the
+  test compares with the level just before the change, not the warmup's. It is tried at each step while the sum
+  stays over; a sum that fails it for MIN_RUN steps more was a burst, or a drift too small or too slow to be a
+  shift: the baseline quietly becomes that level before it and the sums start again;
+- after a shift the detector warms up again, from the MIN_RUN steps that showed it on, so the new level becomes
   the baseline and a later shift is measured from it (`baseline` shows the new level at once).
 
 Slow trends that never make a step change are for the summaries: the last step, the median of the last minute,
@@ -32,8 +33,10 @@ from __future__ import annotations
 import math
 from collections import deque
 
+# the defaults come from bench/changepoint.py on the real step times of bench/data/: the smallest min_ratio with
+# no false alarm there and every shift of 10% or more found within 50 steps (shifts of 5% sit in those series' noise)
 DEFAULT_THRESHOLD = 8.0  # h, in robust standard deviations of log step time
-DEFAULT_MIN_RATIO = 0.05  # the smallest relative shift reported
+DEFAULT_MIN_RATIO = 0.06  # the smallest relative shift reported
 DEFAULT_WARMUP = 30  # steps that set a baseline
 MAX_WARMUP = 1000
 SMOOTH = 5  # the running median's width: spikes of up to (SMOOTH - 1) / 2 steps never reach the sums
@@ -77,6 +80,7 @@ class StepTimeDetector:
         self._recent: deque[float] = deque(maxlen=RECENT)
         self._steps = 0  # steps observed (valid durations)
         self._epoch = 0  # the step count where the current level began (a shift's first step)
+        self._reference: tuple[tuple[int, int], float] = ((0, 0), 0.0)  # ((direction, run start), its level)
         self._up = self._down = 0.0  # the CUSUM sums, log units
         self._up_since = self._down_since = 0  # the step count when each sum last left zero
         # summaries
@@ -123,30 +127,35 @@ class StepTimeDetector:
         return 0
 
     def _confirm(self, direction: int) -> int:
-        """A sum is over the threshold: a shift if it has lasted and is large enough against the level before it;
-        if it has lasted and is not, the baseline becomes that level and the sums start again."""
+        """A sum is over the threshold. Once it has lasted MIN_RUN steps, a shift if the last MIN_RUN steps, and
+        the last half of them, differ by min_ratio from the level before the sum's run; checked at each step until
+        the run is twice that long, and then the baseline becomes that level and the sums start again."""
         since = self._up_since if direction > 0 else self._down_since
         run = self._steps - since + 1
         if run < MIN_RUN:
             return 0
         recent = list(self._recent)
-        run = min(run, len(recent))
-        samples = recent[-run:]
-        before = recent[max(0, len(recent) - run - REFERENCE, len(recent) - (self._steps - self._epoch + 1)):-run]
-        assert self._level is not None
-        reference = _median(before) if len(before) >= self.warmup else self._level
-        level = _median(samples)
-        shift = (level - reference) * direction
-        self._up = self._down = 0.0
-        if shift < self._min_shift:
+        if self._reference[0] != (direction, since):  # the steps before a run stay the same while it grows
+            end = max(0, len(recent) - run)
+            before = recent[max(0, end - REFERENCE, len(recent) - (self._steps - self._epoch + 1)):end]
+            assert self._level is not None
+            self._reference = ((direction, since), _median(before) if len(before) >= self.warmup else self._level)
+        reference = self._reference[1]
+        window = recent[-MIN_RUN:]
+        level = _median(window)
+        latest = _median(window[MIN_RUN // 2:])  # still there at the end: not a burst that has passed
+        if min(level - reference, latest - reference) * direction >= self._min_shift:
+            self._up = self._down = 0.0
+            self._provisional = level
+            self._epoch = self._steps - MIN_RUN + 1
+            self._warming = window[-self.warmup:]
+            if len(self._warming) >= self.warmup:
+                self._settle()
+            return direction
+        if run >= 2 * MIN_RUN:
             self._level = reference
-            return 0
-        self._provisional = level
-        self._epoch = self._steps - run + 1
-        self._warming = samples[-self.warmup:]
-        if len(self._warming) >= self.warmup:
-            self._settle()
-        return direction
+            self._up = self._down = 0.0
+        return 0
 
     def _warm(self, x: float) -> None:
         self._warming.append(x)

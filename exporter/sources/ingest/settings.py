@@ -52,7 +52,7 @@ class IngestConfig(SourceConfig):
     shift_min_ratio: float = Field(
         DEFAULT_MIN_RATIO, gt=0, lt=1,
         description="Step-time change detector: the smallest shift reported, relative to the "
-        "baseline (0.05: 5% slower or faster).")
+        "baseline (0.06: 6% slower or faster).")
     shift_warmup: int = Field(
         DEFAULT_WARMUP, ge=5, le=MAX_WARMUP,
         description="Step-time change detector: steps that set a rank's first baseline; no "
