@@ -77,8 +77,9 @@ def verdict(live: tuple[Stack, Path], capsys: pytest.CaptureFixture[str]) -> tup
 
 
 def wait_for(live: tuple[Stack, Path], capsys: pytest.CaptureFixture[str], layer: str,
-             timeout: float) -> tuple[int, dict[str, object], float]:
-    """Ask every second until the verdict's layer is `layer`: (exit code, the job's entry, seconds it took)."""
+             timeout: float, reason: str | None = None) -> tuple[int, dict[str, object], float]:
+    """Ask every second until the verdict's layer is `layer` (and its reason `reason`, when given: a fault's
+    symptom, comm_wait say, may show a scrape or two before its cause): (exit code, the job's entry, seconds)."""
     started = time.monotonic()
     seen: list[str] = []
     while True:
@@ -86,9 +87,9 @@ def wait_for(live: tuple[Stack, Path], capsys: pytest.CaptureFixture[str], layer
         now = "not yet" if workload is None else f"{workload['layer']}/{workload['reason']}"
         if not seen or seen[-1] != now:
             seen.append(now)
-        if workload is not None and workload["layer"] == layer:
+        if workload is not None and workload["layer"] == layer and reason in (None, workload["reason"]):
             return code, workload, time.monotonic() - started
-        assert time.monotonic() - started < timeout, f"no {layer} verdict within {timeout:g}s; saw {seen}"
+        assert time.monotonic() - started < timeout, f"no {layer}/{reason} verdict within {timeout:g}s; saw {seen}"
         time.sleep(1.0)
 
 
@@ -107,7 +108,7 @@ def test_a_fault_names_its_layer_while_active_and_healthy_after_it_clears(
     wait_for(live, capsys, "healthy", CLEARS)  # the fault before this one has cleared
     said = _inject(stack, fault)
     try:
-        code, workload, shown = wait_for(live, capsys, layer, SHOWS)
+        code, workload, shown = wait_for(live, capsys, layer, SHOWS, reason)
         assert code == 1 and workload["reason"] == reason, said
         (deciding,) = [check for check in workload["checks"] if check["verdict"]]
         assert deciding["reason"] == reason and deciding["status"] == "failed"
