@@ -32,7 +32,6 @@ import re
 import secrets
 import shutil
 import stat
-import tempfile
 import threading
 import time
 from collections import Counter, deque
@@ -45,6 +44,7 @@ from goodput_client.contract import CAPTURE_ID_PATTERN, CAPTURE_KINDS, MAX_CAPTU
 
 from ...core.exposition import Batch
 from . import metrics as c
+from .files import remove_partials, set_aside, write_whole
 
 if TYPE_CHECKING:
     from .models import CaptureEvent
@@ -223,8 +223,7 @@ class Captures:
     # --- the index ---
 
     def _load(self) -> None:
-        for stale in self.index_path.parent.glob(f".{INDEX_NAME}.*"):  # left by a daemon killed mid-write
-            stale.unlink(missing_ok=True)
+        remove_partials(self.index_path)  # left by a daemon killed mid-write
         try:
             payload = read_index(self.index_path)
         except IndexProblem as exc:
@@ -265,14 +264,7 @@ class Captures:
         log.info("ingest: %d captures in %s", len(self._captures), self.index_path)
 
     def _set_aside(self, problem: str, partly: bool) -> None:
-        aside = self.index_path.with_name(INDEX_NAME + ".corrupt")
-        try:
-            if partly:
-                shutil.copyfile(self.index_path, aside)
-            else:
-                os.replace(self.index_path, aside)
-        except OSError:
-            aside = self.index_path
+        aside = set_aside(self.index_path, partly)
         log.error("ingest: the capture index %s is corrupt (%s), kept as %s; %s", self.index_path, problem, aside,
                   "the rest of it is used" if partly else "it starts fresh")
 
@@ -291,17 +283,7 @@ class Captures:
         }
         data = json.dumps(payload, indent=1, allow_nan=False)
         try:
-            fd, partial = tempfile.mkstemp(prefix=f".{INDEX_NAME}.", dir=self.directory)
-            try:
-                os.fchmod(fd, 0o644)  # anyone on the node may list the captures
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(data)
-                    out.flush()
-                    os.fsync(out.fileno())
-                os.replace(partial, self.index_path)
-            except BaseException:
-                os.unlink(partial)
-                raise
+            write_whole(self.index_path, data, mode=0o644, sync=True)  # anyone on the node may list the captures
         except OSError as exc:
             (log.debug if self._write_failing else log.error)(
                 "ingest: cannot write the capture index %s (%s); retried at the next change", self.index_path, exc)

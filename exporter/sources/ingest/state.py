@@ -37,10 +37,6 @@ class Rejected(Exception):
         super().__init__(message)
 
 
-def _rank_order(rank: str) -> tuple[int, str]:
-    return (int(rank), rank) if rank.isdigit() else (1 << 62, rank)
-
-
 class _Histogram:
     """Non-cumulative bucket counts (the last past the last bound) and the sum of the observations."""
 
@@ -231,7 +227,7 @@ class IngestState:
                     if direction:
                         rank.shifts[SHIFT_DIRECTIONS[direction]] += 1
                         shifted.append((event.workload, str(event.rank), direction,
-                                        sorted((r for w, r in self._ranks if w == event.workload), key=_rank_order)))
+                                        [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
                 elif event.event == "end":

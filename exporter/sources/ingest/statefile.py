@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import shutil
-import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from .files import remove_partials, set_aside, write_whole
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +36,7 @@ class StateFile:
     def load(self) -> list[dict[str, Any]]:
         """The accounts the file holds (each a dict with workload, rank and account); [] when there is none or it
         is unusable."""
-        for stale in self.path.parent.glob(f".{FILE_NAME}.*"):  # left by a daemon killed mid-write
-            stale.unlink(missing_ok=True)
+        remove_partials(self.path)  # left by a daemon killed mid-write
         try:
             data = self.path.read_bytes()
         except FileNotFoundError:
@@ -64,14 +62,7 @@ class StateFile:
         """Count and log a corrupt file, and keep it aside for a look: moved when nothing of it is used (the next
         write replaces it), copied when the rest of it was (`partly`)."""
         self.errors["corrupt"] += 1
-        aside = self.path.with_name(self.path.name + ".corrupt")
-        try:
-            if partly:
-                shutil.copyfile(self.path, aside)
-            else:
-                os.replace(self.path, aside)
-        except OSError:
-            aside = self.path
+        aside = set_aside(self.path, partly)
         log.error("ingest: the state file %s is corrupt (%s), kept as %s; %s", self.path, problem, aside,
                   "the rest of it is used" if partly else "restart accounting starts fresh")
 
@@ -82,14 +73,7 @@ class StateFile:
         data = json.dumps({"version": VERSION, "accounts": accounts}, separators=(",", ":"), allow_nan=False)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd, partial = tempfile.mkstemp(prefix=f".{FILE_NAME}.", dir=self.path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as out:
-                    out.write(data)
-                os.replace(partial, self.path)
-            except BaseException:
-                os.unlink(partial)
-                raise
+            write_whole(self.path, data)
         except OSError as exc:
             self.errors["unwritable"] += 1
             (log.debug if self._failing else log.error)(
