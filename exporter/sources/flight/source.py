@@ -122,6 +122,11 @@ class _RankState:
         self.dump = Dump(summary.version, summary.inflight, summary.groups)
         self.written, self.path, self.key = written, path, key
 
+    def oldest_inflight(self, pg: str) -> float:
+        """Seconds the oldest collective of `pg` still in flight had waited when the dump was written; 0: none."""
+        waiting = self.waiting.get(pg, ())
+        return max(0.0, self.written - min(waiting) / 1e9) if waiting else 0.0
+
     def render(self, batch: Batch) -> None:
         labels = (self.workload, str(self.rank))
         batch.add(c.FR_DUMP_TIMESTAMP, labels, self.written)
@@ -136,10 +141,8 @@ class _RankState:
             if group.started is not None and group.started >= 0:
                 batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "started"), group.started)
             batch.add(c.COLLECTIVE_LAST_SEQ, (*pg, "completed"), max(group.completed or 0, 0))
-            waiting = self.waiting.get(name, ())
-            batch.add(c.COLLECTIVE_INFLIGHT, pg, len(waiting))
-            oldest = max(0.0, self.written - min(waiting) / 1e9) if waiting else 0.0
-            batch.add(c.COLLECTIVE_OLDEST_INFLIGHT, pg, oldest)
+            batch.add(c.COLLECTIVE_INFLIGHT, pg, len(self.waiting.get(name, ())))
+            batch.add(c.COLLECTIVE_OLDEST_INFLIGHT, pg, self.oldest_inflight(name))
         for (name, op), count in sorted(self.ops.items()):
             batch.add(c.COLLECTIVE_OPS, (*labels, name, op), count)
             batch.add(c.COLLECTIVE_BYTES, (*labels, name, op), self.bytes[(name, op)])
@@ -369,7 +372,7 @@ class FlightSource(Source):
                 troubles.append(("rank_missing", workload, gap.pg, gap.seq,
                                  f"rank {gap.rank} missing from {gap.op} #{gap.seq} of pg {gap.pg}"))
         for state in self._states.values():
-            oldest = max((state.written - min(w) / 1e9 for w in state.waiting.values() if w), default=0.0)
+            oldest = max((state.oldest_inflight(pg) for pg in state.waiting), default=0.0)
             if oldest >= self.hang_after:
                 troubles.append(("hang", state.workload, state.rank, state.key,
                                  f"rank {state.rank} waits in a collective for {oldest:.0f}s"))
