@@ -193,7 +193,8 @@ class StepTimeDetector:
 
     def summaries(self, now: float) -> dict[str, float]:
         """{"last": the last step, "1m": the median of the steps of the last 60 s (at most the last MINUTE_CAP),
-        "1h": the median of the per-minute medians of the hour's closed minutes}, seconds; only those known."""
+        "1h": the median of the per-minute medians of the last 60 minutes, the current one so far included (a job
+        in its first minute has an hour of one minute)}, seconds; only those known."""
         self._roll(now)
         out: dict[str, float] = {}
         if self._last is not None:
@@ -201,7 +202,11 @@ class StepTimeDetector:
         if self._minute:
             out["1m"] = _median([d for _, d in self._minute])
         current = int(now // 60)
-        hour = [m for minute, m in self._minutes if minute >= current - HOUR]
+        hour = [m for minute, m in self._minutes if minute > current - HOUR]
+        if self._open_minute == current:
+            so_far = [d for t, d in self._minute if t >= current * 60]
+            if so_far:
+                hour.append(_median(so_far))
         if hour:
             out["1h"] = _median(hour)
         return out

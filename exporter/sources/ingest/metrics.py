@@ -51,7 +51,8 @@ MODEL_FLOPS = _m(
 STEP_TIME = _m(
     "goodput_step_time_seconds", Kind.GAUGE, "seconds",
     "The rank's step duration at three time scales, to tell a transient from a trend: window=\"last\" the last "
-    "step, \"1m\" the median of the last minute's steps, \"1h\" the median of the last hour's per-minute medians.",
+    "step, \"1m\" the median of the last minute's steps, \"1h\" the median of the per-minute medians of the last "
+    "hour, the current minute so far included.",
     (*WR, "window"))
 STEP_BASELINE = _m(
     "goodput_step_time_baseline_seconds", Kind.GAUGE, "seconds",
