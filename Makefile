@@ -11,7 +11,7 @@ DEMO_DIR ?= /tmp/goodput-exporter-demo
 DEMO_FAULTS ?=
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick).
-APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter
+APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics
 # Node.js and npm turn @grafana/schema's TypeScript types into the JSON schema the dashboard tests validate
 # against (make dashboard-schema); installed only where no node/npm is on the PATH.
 NODE_PACKAGES := nodejs npm
@@ -32,7 +32,7 @@ venv: $(BIN)/.installed
 
 deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
-	    || ! command -v prometheus-node-exporter >/dev/null; then \
+	    || ! command -v prometheus-node-exporter >/dev/null || ! command -v vmalert >/dev/null; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	    --no-install-recommends $(APT_PACKAGES) >/dev/null; \

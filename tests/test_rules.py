@@ -303,3 +303,83 @@ def test_the_step_shift_window_shapes_its_rule() -> None:
     for rule in group["rules"]:
         assert rule["record"] == "workload:goodput_step_time_shift:info"
         assert 'increase(goodput_step_time_shifts_total{direction="up"}[30m])' in rule["expr"]
+
+
+# --- one store, many clusters (issue 21) ------------------------------------------------------------------------
+
+_AGGREGATION = re.compile(r"\b(sum|avg|min|max|count|group|topk|bottomk|quantile|stddev|stdvar|count_values)\s*"
+                          r"(?:(by|without)\s*\(([^)]*)\))?\s*\(")
+_LABEL_DROPPING = re.compile(r"\b(vector|absent|absent_over_time|scalar)\s*\(")
+
+
+def _cluster_losses(text: str, cluster: str) -> list[str]:
+    """What in a rule file would merge two clusters' series: an aggregation over everything or by labels without
+    the cluster's, a join `on` labels without it, a function that makes a series without labels."""
+    out = []
+    for group in yaml.safe_load(text)["groups"]:
+        for rule in group["rules"]:
+            name, expr = rule.get("record") or rule.get("alert"), rule["expr"]
+            for m in _AGGREGATION.finditer(expr):
+                labels = {label.strip() for label in (m.group(3) or "").split(",")}
+                if m.group(2) is None or (m.group(2) == "by" and cluster not in labels):
+                    out.append(f"{name}: {m.group(0)}")
+                if m.group(2) == "without" and cluster in labels:
+                    out.append(f"{name}: {m.group(0)}")
+            out += [f"{name}: {m.group(0)}" for m in re.finditer(r"\bon\s*\(([^)]*)\)", expr)
+                    if cluster not in {label.strip() for label in m.group(1).split(",")}]
+            out += [f"{name}: {m.group(0)}" for m in _LABEL_DROPPING.finditer(expr)]
+    return out
+
+
+def test_every_aggregation_and_join_keeps_the_cluster_apart() -> None:
+    """A ruler that reads many clusters from one store (vmalert, Thanos, Mimir) computes each cluster's figures
+    apart only if no rule merges two clusters' series; the check finds the ones that did (GoodputCollectiveHang
+    joined `on (instance, workload, rank)`, and two clusters' pods can share an address)."""
+    assert _cluster_losses("groups: [{name: g, rules: [{record: r, expr: 'sum by (instance) (x) and on (workload) y'"
+                           "}, {alert: A, expr: 'count(x) or vector(0)'}]}]", "cluster") == [
+        "r: sum by (instance) (", "r: on (workload)", "A: count(", "A: vector("]
+    for settings in (RulesSettings(), RulesSettings(cluster_label="k8s_cluster", global_view=True)):
+        for name, text in rule_files(settings).items():
+            assert _cluster_losses(text, settings.cluster_label) == [], name
+
+
+def test_a_global_view_names_the_cluster_and_pages_on_a_silent_one(tmp_path: Path) -> None:
+    """global_view (off by default): every alert's description starts with its cluster, and GoodputClusterNotReporting
+    fires when a cluster seen in the last hour has sent nothing for 10 minutes (a silence of 8 minutes is not yet
+    one), not for a cluster that still reports nor one gone for over an hour; promtool runs it on the rendered
+    files."""
+    default = yaml.safe_load(rule_files(RulesSettings())["goodput-alerts.rules.yml"])
+    assert "GoodputClusterNotReporting" not in {r["alert"] for g in default["groups"] for r in g["rules"]}
+    result = render(tmp_path, "global_view: true\n")
+    assert result.returncode == 0, result.stderr
+    alerts = yaml.safe_load((tmp_path / "out" / "goodput-alerts.rules.yml").read_text())
+    for rule in (r for g in alerts["groups"] for r in g["rules"]):
+        assert rule["annotations"]["description"].startswith(
+            "Cluster {{ $labels.cluster }}: " if rule["alert"] != "GoodputClusterNotReporting" else "No goodput"), rule
+    assert (ROOT / "docs" / "runbooks" / "cluster-not-reporting.md").is_file()
+
+    def info(cluster: str, values: str) -> dict[str, str]:
+        return {"series": f'goodput_exporter_build_info{{cluster="{cluster}",instance="n1:9445",version="1"}}',
+                "values": values}
+
+    (silent,) = [r for g in alerts["groups"] for r in g["rules"] if r["alert"] == "GoodputClusterNotReporting"]
+
+    def fired(cluster: str) -> dict[str, dict[str, str]]:
+        return {"exp_labels": {"severity": "critical", "cluster": cluster},
+                "exp_annotations": {k: v.replace("{{ $labels.cluster }}", cluster)
+                                    for k, v in silent["annotations"].items()}}
+
+    # c1 stops at 30m; c2 reports throughout; c3 stops at 5m: silent from 15m, and over an hour at 80m
+    case = {"interval": "1m",
+            "input_series": [info("c1", "1x30"), info("c2", "1x100"), info("c3", "1x5")],
+            "alert_rule_test": [
+                {"eval_time": "38m", "alertname": "GoodputClusterNotReporting", "exp_alerts": [fired("c3")]},
+                {"eval_time": "50m", "alertname": "GoodputClusterNotReporting",
+                 "exp_alerts": [fired("c1"), fired("c3")]},
+                {"eval_time": "80m", "alertname": "GoodputClusterNotReporting", "exp_alerts": [fired("c1")]},
+                {"eval_time": "100m", "alertname": "GoodputClusterNotReporting", "exp_alerts": []}]}
+    (tmp_path / "out" / "global.test.yml").write_text(yaml.safe_dump(
+        {"rule_files": ["goodput-alerts.rules.yml"], "evaluation_interval": "1m", "tests": [case]}))
+    check = subprocess.run([promtool(), "test", "rules", "global.test.yml"], capture_output=True, text=True,
+                           cwd=tmp_path / "out")
+    assert check.returncode == 0, check.stdout + check.stderr

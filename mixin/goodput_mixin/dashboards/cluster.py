@@ -23,8 +23,6 @@ from .kit import (
 
 LEVEL = LEVELS[0]
 SERVING = LEVELS[6]
-HARD_LIMITS = 'reason=~"power|thermal|board_limit|reliability"'
-UNCORRECTED = 'error_type="uncorrected"'
 
 
 def build(names: Names) -> Dashboard:
@@ -76,36 +74,30 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(stat_panel(
         "GPUs with an XID in the last hour", "GPUs that reported an XID error event in the last hour. Any "
         "critical XID (e.g. 79 fallen off the bus, 48 double-bit ECC) usually needs the job restarted elsewhere.",
-        "none", [(f"count(goodput_gpu_last_xid_timestamp_seconds{f()} > time() - 3600)", "")], no_value="0"))
+        "none", [(f"sum(node:goodput_gpus_xid_last_hour:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "Uncorrected ECC errors", "Uncorrected ECC memory errors per second across the cluster. Above 0 means "
         "corrupted results or a crash to come: drain the GPU.",
-        "cps", [(f"sum(rate(goodput_gpu_ecc_errors_total{f(UNCORRECTED)}[$__rate_interval]))", "")], no_value="0"))
+        "cps", [(f"sum({names.rule('node', 'goodput_gpu_ecc_uncorrected_errors', 'rate')}{f()})", "")],
+        no_value="0"))
     d = d.with_panel(stat_panel(
         "Throttled GPUs", f"GPUs whose clocks power, thermal, board or reliability limits held down over "
         f"{s.throttle_ratio:.0%} of the time. Above 0: the silicon runs slower than bought; see Kernels and silicon.",
-        "none", [(f"count(sum by ({names.node}, uuid) (rate(goodput_gpu_clock_throttle_seconds_total"
-                  f"{f(HARD_LIMITS)}[$__rate_interval])) > {s.throttle_ratio:g})", "")], no_value="0"))
-    reset_due = " or ".join(f"goodput_gpu_{state}{f()} == 1"
-                            for state in ("row_remap_pending", "row_remap_failure", "retired_pages_pending"))
+        "none", [(f"sum(node:goodput_gpus_throttled:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "GPUs needing a reset", "GPUs with a row remap or page retirement that only a GPU reset applies, or a row "
         "remap that failed (GoodputGPUResetRequired). Above 0: drain and reset them; replace those whose remap "
         "failed.",
-        "none", [(f"count({reset_due})", "")], no_value="0"))
-    busy = f"{names.rule('gpu', 'goodput_gpu_idle_ratio', 'rate')}{f()} < {1 - s.pcie_degraded_busy_ratio:g}"
+        "none", [(f"sum(node:goodput_gpus_reset_required:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "Degraded PCIe links", "GPUs whose PCIe link runs on fewer lanes than GPU and slot allow, or, while busy, "
         "at a lower generation (idle GPUs lower it to save power). Above 0: host-device copies are slower there; "
         "see Kernels and silicon.",
-        "none", [(f"count(max_over_time(goodput_gpu_pcie_link_width{f()}[$__rate_interval]) "
-                  f"< goodput_gpu_pcie_link_max_width{f()} "
-                  f"or (max_over_time(goodput_gpu_pcie_link_generation{f()}[$__rate_interval]) "
-                  f"< goodput_gpu_pcie_link_max_generation{f()} and {busy}))", "")], no_value="0"))
+        "none", [(f"sum(node:goodput_gpus_pcie_degraded:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "Lost GPUs", "GPUs NVML no longer answers for (fallen off the bus, need a reset). Above 0: the jobs on "
         "them have failed or will.",
-        "none", [(f"count(goodput_gpu_up{f()} == 0)", "")], no_value="0"))
+        "none", [(f"sum(node:goodput_gpus_lost:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
         "GPUs allocated", "Share of GPUs at least one compute process holds. Low with queued work means "
         "scheduling or fragmentation leaves GPUs empty.",
@@ -113,7 +105,7 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(stat_panel(
         "Exporters up", "Exporters whose every source collected successfully last time, over all exporters. "
         "Below 100% means some nodes' numbers are missing or stale.",
-        "percentunit", [(f"avg(min by ({names.cluster}, {names.node}) (goodput_exporter_source_up{f()}))", "")]))
+        "percentunit", [(f"avg(node:goodput_exporter_source_up:min{f()})", "")]))
     d = d.with_row(row("Fabric"))
     d = d.with_panel(stat_panel(
         "Fabric traffic", "Bytes per second all nodes send through their RDMA ports and other network interfaces. "
@@ -123,7 +115,7 @@ def build(names: Names) -> Dashboard:
         "RDMA ports not active", "RDMA ports whose state is not ACTIVE, on every node: ports nobody cabled count "
         "too, so compare with yesterday. GoodputFabricLinkDown pages on those that lost their link on nodes in use; "
         "Collectives and network names them.",
-        "none", [(f"sum(goodput_fabric_port_state{f()} != bool 4)", "")], width=6))
+        "none", [(f"sum(node:goodput_fabric_ports_not_active:count{f()})", "")], width=6))
     d = d.with_panel(stat_panel(
         "Links counting errors", f"Links (RDMA ports, interfaces) counting over {s.fabric_error_rate:g} link errors "
         "a second (the GoodputFabricErrors threshold). Above 0: a cable or transceiver to replace.",
@@ -172,17 +164,17 @@ def build(names: Names) -> Dashboard:
                         (f"{idle['_unallocated']}{f()}", "unallocated")], max_value=1))
     d = d.with_panel(timeseries_panel(
         "Memory repairs", "Memory rows the GPUs remapped to spare rows (A100, H100 and later), by the kind of "
-        "ECC error behind it, and pages they retired (older GPUs), per interval. Each uncorrected one leaves a "
-        "GPU waiting for a reset (GPUs needing a reset); a GPU that keeps repairing is wearing out.",
-        "short", [(f"sum by (error_type) (increase(goodput_gpu_remapped_rows_total{f()}[$__rate_interval]))",
+        "ECC error behind it, and pages they retired (older GPUs), over the short window. Each uncorrected one "
+        "leaves a GPU waiting for a reset (GPUs needing a reset); a GPU that keeps repairing is wearing out.",
+        "short", [(f"sum by (error_type) ({names.rule('node', 'goodput_gpu_remapped_rows', 'increase')}{f()})",
                    "rows remapped, {{error_type}} errors"),
-                  (f"sum by (cause) (increase(goodput_gpu_retired_pages_total{f()}[$__rate_interval]))",
+                  (f"sum by (cause) ({names.rule('node', 'goodput_gpu_retired_pages', 'increase')}{f()})",
                    "pages retired, {{cause}}")]))
     d = d.with_panel(timeseries_panel(
         "NVLink errors", "NVLink data-link errors per second across the selected GPUs, by kind: CRC errors, "
         "replays and recoveries. A rise on a few links points at a bridge, cable or switch port; the Kernels and "
         "silicon dashboard names the link.",
-        "cps", [(f"sum by (error_type) (rate(goodput_gpu_nvlink_errors_total{f()}[$__rate_interval]))",
+        "cps", [(f"sum by (error_type) ({names.rule('node', 'goodput_gpu_nvlink_errors', 'rate')}{f()})",
                  "{{error_type}}")]))
     d = d.with_row(row("Worst first"))
     d = d.with_panel(table_panel(

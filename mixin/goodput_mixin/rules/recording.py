@@ -168,6 +168,44 @@ def _level(s: RulesSettings, level: str) -> list[Rule]:
     return rules
 
 
+def _node_health(s: RulesSettings) -> list[Rule]:
+    """The GPU health of each node as a few counts and rates, so that the cluster level (a dashboard, a global ruler
+    over many clusters) reads a series a node instead of every GPU's. A count covers every GPU the node reports
+    (0 when none is affected), but the PCIe one, which only counts the degraded GPUs."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    by, gpu = f"{c}, {n}", f"{c}, {n}, uuid"
+    hard_limits = 'reason=~"power|thermal|board_limit|reliability"'
+    reset_due = "|".join(f"goodput_gpu_{state}" for state in ("row_remap_pending", "row_remap_failure",
+                                                               "retired_pages_pending"))
+    busy = f"gpu:goodput_gpu_idle_ratio:rate{w} < {1 - s.pcie_degraded_busy_ratio:g}"
+    return [
+        {"record": "node:goodput_gpus_xid_last_hour:count",
+         "expr": f"sum by ({by}) (goodput_gpu_last_xid_timestamp_seconds > bool (time() - 3600))"},
+        {"record": f"node:goodput_gpu_ecc_uncorrected_errors:rate{w}",
+         "expr": f'sum by ({by}) (rate(goodput_gpu_ecc_errors_total{{error_type="uncorrected"}}[{w}]))'},
+        {"record": "node:goodput_gpus_throttled:count",
+         "expr": f"sum by ({by}) (\n  sum by ({gpu}) (rate(goodput_gpu_clock_throttle_seconds_total{{{hard_limits}}}"
+                 f"[{w}])) > bool {s.throttle_ratio:g}\n)"},
+        {"record": "node:goodput_gpus_reset_required:count",
+         "expr": f'sum by ({by}) (max by ({gpu}) ({{__name__=~"{reset_due}"}}) == bool 1)'},
+        {"record": "node:goodput_gpus_pcie_degraded:count",
+         "expr": f"count by ({by}) (\n  max_over_time(goodput_gpu_pcie_link_width[{w}])"
+                 " < goodput_gpu_pcie_link_max_width\n"
+                 f"  or (\n    max_over_time(goodput_gpu_pcie_link_generation[{w}])"
+                 f" < goodput_gpu_pcie_link_max_generation\n    and {busy}\n  )\n)"},
+        {"record": "node:goodput_gpus_lost:count", "expr": f"sum by ({by}) (goodput_gpu_up == bool 0)"},
+        {"record": "node:goodput_exporter_source_up:min", "expr": f"min by ({by}) (goodput_exporter_source_up)"},
+        {"record": "node:goodput_fabric_ports_not_active:count",
+         "expr": f"sum by ({by}) (goodput_fabric_port_state != bool 4)"},
+        {"record": f"node:goodput_gpu_remapped_rows:increase{w}",
+         "expr": f"sum by ({by}, error_type) (increase(goodput_gpu_remapped_rows_total[{w}]))"},
+        {"record": f"node:goodput_gpu_retired_pages:increase{w}",
+         "expr": f"sum by ({by}, cause) (increase(goodput_gpu_retired_pages_total[{w}]))"},
+        {"record": f"node:goodput_gpu_nvlink_errors:rate{w}",
+         "expr": f"sum by ({by}, error_type) (rate(goodput_gpu_nvlink_errors_total[{w}]))"},
+    ]
+
+
 def _gpu_long(s: RulesSettings, long: str) -> list[list[Rule]]:
     """The long-window idle ratios, in three groups: the GPU level (10,000 series an hour long each, at
     10,000 GPUs), the allocation split of it, and the levels above (few series)."""
@@ -562,6 +600,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
+        {"name": "goodput.node_health", "rules": _node_health(s)},
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},

@@ -81,6 +81,12 @@ class RulesSettings(BaseModel):
         "relabeling adds e.g. node).")
     cluster_label: str = Field(
         "cluster", description="Label that names a cluster (an external label); absent is fine.")
+    global_view: bool = Field(
+        False, description="Rules for a ruler that reads many clusters' series from one store (VictoriaMetrics with "
+        "vmalert, Thanos, Mimir: docs/scale-out.md): alert descriptions name the cluster, and "
+        "GoodputClusterNotReporting pages when a cluster that reported within cluster_not_reporting_window sends "
+        "nothing (its agent or its remote write is down). Off for a Prometheus per cluster, which cannot page on "
+        "its own silence; every aggregation and join carries the cluster label either way.")
     memory_predict_window: str = Field("30m", description="History predict_linear() fits GPU memory on.")
     memory_predict_horizon: str = Field("1h", description="How far ahead GPU memory use is predicted.")
     goodput_trend_window: str = Field("1h", description="Window of deriv() over the short-window goodput.")
@@ -266,6 +272,11 @@ class RulesSettings(BaseModel):
         "10m", description="GoodputInferenceGPUIdleWhileQueued: for how long requests wait while the GPUs idle.")
     exporter_down_for: str = Field("5m", description="GoodputExporterDown: for how long.")
     source_failing_for: str = Field("10m", description="GoodputExporterSourceFailing: for how long.")
+    cluster_not_reporting_window: str = Field(
+        "1h", description="GoodputClusterNotReporting (global_view only): a cluster seen in this window is "
+        "expected to report.")
+    cluster_not_reporting_for: str = Field(
+        "10m", description="GoodputClusterNotReporting (global_view only): for how long a cluster sent nothing.")
 
     @field_validator("windows")
     @classmethod
@@ -282,7 +293,8 @@ class RulesSettings(BaseModel):
                      "goodput_trend_window", "goodput_drop_for", "wasted_progress_window", "mfu_drop_for",
                      "idle_while_allocated_for", "straggler_for", "step_shift_window", "rank_missing_for",
                      "throttle_for", "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
-                     "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "fabric_link_down_for",
+                     "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "cluster_not_reporting_window",
+                     "cluster_not_reporting_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",
                      "fabric_congestion_for", "bottleneck_gpu_recent_window", "inference_kv_cache_saturated_for",
                      "inference_idle_while_queued_for", "inference_slo_unmeasured_for")

@@ -42,13 +42,17 @@ class Alert:
     summary: str
     description: str
     per_workload: bool = False  # its series name a training workload: annotate the verdict and diagnose command
+    names_cluster: bool = False  # its description names the cluster already
 
     def rule(self, s: RulesSettings) -> Rule:
         rule: Rule = {"alert": self.name, "expr": self.expr}
         if self.for_ not in ("0m", "0s"):
             rule["for"] = self.for_
         rule["labels"] = {"severity": self.severity}
-        annotations = {"summary": self.summary, "description": self.description,
+        description = self.description
+        if s.global_view and not self.names_cluster:  # one ruler pages for many clusters: say which
+            description = f"Cluster {{{{ $labels.{s.cluster_label} }}}}: {description}"
+        annotations = {"summary": self.summary, "description": description,
                        "runbook_url": f"{s.runbook_base_url.rstrip('/')}/{self.runbook}"}
         if self.per_workload:
             annotations |= {"verdict": verdict_annotation(s), "diagnose": DIAGNOSE}

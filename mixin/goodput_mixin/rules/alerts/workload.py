@@ -60,7 +60,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
         Alert(
             "GoodputCollectiveHang", "collective-hang.md", "critical",
             f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"
-            "and on (instance, workload, rank)\n"
+            f"and on ({s.cluster_label}, instance, workload, rank)\n"
             f"  (time() - goodput_flight_recorder_dump_timestamp_seconds < {s.dump_stale_seconds:g})",
             "0m",
             "A collective has been waiting for minutes.",
