@@ -92,26 +92,27 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
     sm, dram = recorded("sm"), recorded("dram")
     cls = f"gpu:goodput_gpu_activity_class:avg{w}"
 
-    def member(expr: str, name: str) -> str:
-        return f'label_replace(({expr}) * 0 + 1, "class", "{name}", "", "")'
-
     # Each average reads 10,000 raw series at 10,000 GPUs; split over two groups, so that neither takes
     # a second (bench/results.md).
     inputs = [avg("sm"), avg("dram"), avg(PIPES[0])]
     pipes = [avg(p) for p in PIPES[1:]]
     # compute-bound: any math pipe busy. Each comparison keeps only the GPUs over the threshold, so the
     # `or` joins few series; a per-GPU maximum of the four pipes would join 40,000 at 10,000 GPUs.
-    busy_pipe = "\n  or ".join(f"{recorded(p)} >= {s.compute_bound_pipe_ratio:g}" for p in PIPES)
-    classes = [
-        # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe
-        # busy), memory-bound (the memory interface busy), else other (SMs busy with neither saturated:
-        # latency, launch or synchronization bound). Value 1, so averages give shares.
-        {"record": cls,
-         "expr": f"{member(f'{sm} < {s.underused_sm_active_ratio:g}', 'underused')}\n"
-                 f"or ignoring (class)\n{member(busy_pipe, 'compute_bound')}\n"
-                 f"or ignoring (class)\n{member(f'{dram} >= {s.memory_bound_dram_ratio:g}', 'memory_bound')}\n"
-                 f"or ignoring (class)\n{member(sm, 'other')}"},
-    ]
+    busy_pipe = "\n    or ".join(f"{recorded(p)} >= {s.compute_bound_pipe_ratio:g}" for p in PIPES)
+    # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe busy),
+    # memory-bound (the memory interface busy), else other (SMs busy with neither saturated: latency, launch
+    # or synchronization bound). Value 1, so averages give shares. The first match is a code (1-4) taken by
+    # `or` over series with the same labels, then named by count_values and label_replace: naming each
+    # branch and joining them with `or ignoring (class)` is the same in PromQL, but a MetricsQL range query
+    # (vmalert's replay, Grafana) gives a GPU the first branch's class at every step where any branch matches.
+    code = (f"({sm} < {s.underused_sm_active_ratio:g}) * 0 + 1\n"
+            f"  or ({busy_pipe}) * 0 + 2\n"
+            f"  or ({dram} >= {s.memory_bound_dram_ratio:g}) * 0 + 3\n"
+            f"  or {sm} * 0 + 4")
+    named = f'count_values without () ("code",\n  {code}\n)'
+    for n, name in enumerate(("underused", "compute_bound", "memory_bound", "other"), 1):
+        named = f'label_replace({named}, "class", "{name}", "code", "{n}")'
+    classes = [{"record": cls, "expr": f"max without (code) (\n{named}\n)"}]
     shares = [
         # per workload (GPUs attributed by goodput_gpu_workload_info): the share of its GPUs in each class
         {"record": f"workload:goodput_gpu_activity_class_ratio:avg{w}",

@@ -253,15 +253,24 @@ def _gpu(s: RulesSettings, layers: tuple[str, ...]) -> list[Rule]:
     return [_candidate(GPU_CANDIDATE, check) for check in checks(s) if check.per == "gpu" and check.layer in layers]
 
 
+def first_of(series: str, by: str) -> str:
+    """Of each group of `series` (labels `by`), the series of the smallest value: bottomk by (by) (1, series), written
+    as a comparison with the group's minimum. VictoriaMetrics before 1.97 (its issue 5509; Debian bookworm ships
+    1.79) gets bottomk wrong in range queries (vmalert's replay, Grafana): at a step where the group has k or more
+    series without a value it returns none. Parenthesised, as `==` binds looser than arithmetic. The values are
+    distinct within a group (one per reason), so no tie keeps two."""
+    return f"(\n  (\n    {series}\n  )\n  == on ({by}) group_left ()\n  min by ({by}) (\n    {series}\n  )\n)"
+
+
 def _workload(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     recent = s.bottleneck_gpu_recent_window
     held_recently = f"max by ({c}, {n}, uuid, workload) (max_over_time(goodput_gpu_workload_info[{recent}]))"
     events = "|".join(EVENTS)
     # one signal per GPU, the first in the walk (a GPU may be held by several workloads: the many side is theirs)
-    gpu_signals = (f"bottomk by ({c}, {n}, uuid) (1,\n"
-                   f'    {GPU_CANDIDATE}{{reason!~"{events}"}}\n    or\n'
-                   f'    max_over_time({GPU_CANDIDATE}{{reason=~"{events}"}}[{recent}])\n  )')
+    signals = (f'{GPU_CANDIDATE}{{reason!~"{events}"}}\n    or\n'
+               f'    max_over_time({GPU_CANDIDATE}{{reason=~"{events}"}}[{recent}])')
+    gpu_signals = first_of(signals, f"{c}, {n}, uuid")
     phases = f"workload:goodput_phase_seconds:rate{w}"
     healthy = (f'label_replace(\n      label_replace({order("none")} * group by ({c}, workload) ({phases}), '
                f'"layer", "{HEALTHY[0]}", "", ""),\n      "reason", "{HEALTHY[1]}", "", ""\n    )')
@@ -273,10 +282,11 @@ def _workload(s: RulesSettings) -> list[Rule]:
                  f"  * on ({c}, {n}, uuid) group_left (layer, reason)\n  {gpu_signals}\n)"},
         *(_per_workload(s, check) for check in checks(s) if check.per == "workload"),
         # the verdict: of each workload that reports phases, its first candidate in the walk, else healthy. The
-        # values are distinct per workload (one series per reason), so bottomk keeps exactly one.
+        # values are distinct per workload (one series per reason), so first_of keeps exactly one.
         {"record": VERDICT,
-         "expr": f"group by ({c}, workload, layer, reason) (\n  bottomk by ({c}, workload) (1,\n"
-                 f"    ({CANDIDATE} and on ({c}, workload) {phases})\n    or\n    {healthy}\n  )\n)"},
+         "expr": f"group by ({c}, workload, layer, reason) (\n  "
+                 + first_of(f"({CANDIDATE} and on ({c}, workload) {phases})\n    or\n    {healthy}",
+                            f"{c}, workload") + "\n)"},
     ]
 
 
