@@ -2,6 +2,11 @@
 on simulated GPUs with DCGM on, a simulated 4-rank job writing flight-recorder dumps, faults switched on and
 off), returns data over the run.
 
+The same run is also scraped the scale-out way (issue 21, docs/scale-out.md): Prometheus in agent mode and vmagent
+remote-writing to VictoriaMetrics, vmalert evaluating the same rule files and sending to an Alertmanager of its own.
+Every panel query must return data from VictoriaMetrics' Prometheus API too, and the faults must fire the same
+alerts through vmalert and its Alertmanager as through Prometheus and its own.
+
 The dashboards run here are rendered by the same generator as dashboards/, with the demo's rules settings
 (DEMO_SETTINGS: windows 20s and 2m instead of 5m and 1h, a 20 s hang threshold), so each panel names the rules
 the demo's Prometheus records: workload:goodput_ratio:rate5m becomes workload:goodput_ratio:rate20s,
@@ -12,8 +17,10 @@ $__rate_interval as the short window (20s), $__interval as 5s."""
 from __future__ import annotations
 
 import re
+import threading
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -55,7 +62,7 @@ def test_demo_render_has_the_same_panels() -> None:
         def generic(expr: str) -> str:  # rate5m / rate20s -> rateSHORT, rate1h / rate2m -> rateLONG, ...
             window = {"5m": "SHORT", "20s": "SHORT", "1h": "LONG", "2m": "LONG",
                       "30m": "SLOW_SHORT", "1m": "SLOW_SHORT", "6h": "SLOW_LONG", "6m": "SLOW_LONG"}  # burn windows
-            return re.sub(r"(rate|mean|avg|_vs_)(5m|20s|1h|2m|30m|1m|6h|6m)(?![0-9a-z])",
+            return re.sub(r"(rate|increase|mean|avg|_vs_)(5m|20s|1h|2m|30m|1m|6h|6m)(?![0-9a-z])",
                           lambda m: m.group(1) + window[m.group(2)], expr)
 
         def thresholds(expr: str) -> str:
@@ -65,13 +72,56 @@ def test_demo_render_has_the_same_panels() -> None:
             assert thresholds(generic(a["expr"])) == thresholds(generic(b["expr"]))
 
 
+@dataclass
+class Run:
+    live: Stack
+    start: float
+    end: float
+    # alerts each Alertmanager held during the run: "alertmanager" (Prometheus's) and "vm_alertmanager" (vmalert's),
+    # each alert by its labels but vmalert's own `alertgroup`
+    alerts: dict[str, set[frozenset[tuple[str, str]]]] = field(default_factory=dict)
+    watch_errors: list[str] = field(default_factory=list)  # Alertmanagers that did not answer a read
+
+
+class AlertWatch:
+    """Reads both Alertmanagers' active alerts every second while the run lasts."""
+
+    def __init__(self, live: Stack) -> None:
+        self.live = live
+        self.seen: dict[str, set[frozenset[tuple[str, str]]]] = {"alertmanager": set(), "vm_alertmanager": set()}
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._watch, daemon=True)
+        self.thread.start()
+
+        self.errors: list[str] = []
+
+    def _watch(self) -> None:
+        while not self.done.wait(1.0):
+            for name, seen in self.seen.items():
+                try:
+                    alerts = self.live.alerts(name)
+                except httpx.HTTPError as exc:
+                    self.errors.append(f"{name}: {exc!r}")
+                    continue
+                for alert in alerts:
+                    labels = alert["labels"]
+                    assert isinstance(labels, dict)
+                    seen.add(frozenset((k, v) for k, v in labels.items() if k != "alertgroup"))
+
+    def stop(self) -> dict[str, set[frozenset[tuple[str, str]]]]:
+        self.done.set()
+        self.thread.join(10)
+        return self.seen
+
+
 @pytest.fixture(scope="module")
-def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float, float]]:
+def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     """The demo stack with 8 GPUs (4 held by the job's ranks, 2 by the serving engine, 2 free) through a scripted
     run of faults: a straggler, a power-throttled GPU, an XID and an uncorrected ECC error, a row remap waiting for
     a reset, a PCIe link trained below its maximum, NVLink errors, a lost GPU, a restart, and a rank that skips a
-    collective long enough to count as a hang. Yields the stack and the run's start and end."""
-    live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=8, ranks=4).start()
+    collective long enough to count as a hang. The remote-write side runs beside Prometheus throughout."""
+    live = Stack(tmp_path_factory.mktemp("dashboards-live"), Ports.free(), gpus=8, ranks=4, remote_write=True).start()
+    watch = AlertWatch(live)
     try:
         assert live.job is not None
         start = time.time()
@@ -91,8 +141,10 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, float
         time.sleep(SKIP_SECONDS)
         live.job.set_skipping(None)
         time.sleep(5)
-        yield live, start, time.time()
+        end = time.time()
+        yield Run(live, start, end, watch.stop(), watch.errors)
     finally:
+        watch.stop()
         live.stop()
 
 
@@ -104,15 +156,16 @@ def _has_data(prometheus: str, expr: str, start: float, end: float) -> bool:
     return any(series["values"] for series in body["data"]["result"])
 
 
-def test_no_dead_panels(ran: tuple[Stack, float, float]) -> None:
-    live, start, end = ran
-    prometheus = live.urls["prometheus"]
+@pytest.mark.parametrize("store", ["prometheus", "victoria"])
+def test_no_dead_panels(ran: Run, store: str) -> None:
+    """On Prometheus, and on VictoriaMetrics fed by the agents, with the series vmalert recorded."""
+    url = ran.live.urls[store]
     dead, alive = [], []
     for model in demo_dashboards():
         values = {**query_values(model), **BUILTINS}
         for panel, target in targets(model):
             key = (model["uid"], panel["title"])
-            (alive if _has_data(prometheus, substitute(target["expr"], values), start, end) else dead).append(
+            (alive if _has_data(url, substitute(target["expr"], values), ran.start, ran.end) else dead).append(
                 f"{key[0]} / {key[1]} [{target['refId']}]")
     unexpected_dead = [d for d in dead if not any(d.startswith(f"{u} / {t} [") for u, t in ALLOWED_EMPTY)]
     assert not unexpected_dead, f"dead panels ({len(unexpected_dead)} of {len(dead) + len(alive)} queries):\n" + \
@@ -122,20 +175,35 @@ def test_no_dead_panels(ran: tuple[Stack, float, float]) -> None:
     assert len(alive) > 60
 
 
+def _names(alerts: set[frozenset[tuple[str, str]]]) -> set[str]:
+    return {dict(a)["alertname"] for a in alerts}
+
+
+def test_the_same_alerts_fire_through_vmalert(ran: Run) -> None:
+    """The alerts Prometheus's Alertmanager received over the run, vmalert's received too, with the same labels."""
+    prometheus, victoria = ran.alerts["alertmanager"], ran.alerts["vm_alertmanager"]
+    assert not ran.watch_errors, ran.watch_errors
+    assert len(_names(prometheus)) >= 8, sorted(_names(prometheus))
+    only_prometheus = sorted(sorted(a) for a in prometheus - victoria)
+    only_victoria = sorted(sorted(a) for a in victoria - prometheus)
+    assert not only_prometheus and not only_victoria, (
+        f"on Prometheus only: {only_prometheus}\non vmalert only: {only_victoria}")
+
+
 # The buckets of workload:goodput_breakdown_ratio (issue 19): together they are the workload's wall time.
 BUCKETS = {"productive", "wasted_progress", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore",
            "compile", "startup", "other", "untracked", "downtime"}
 
 
-def test_where_the_time_went_adds_to_100_percent(ran: tuple[Stack, float, float]) -> None:
+def test_where_the_time_went_adds_to_100_percent(ran: Run) -> None:
     """The workload dashboard's "Where the time went" shows the demo workload's wall time in every bucket, and its
     stacked series add to 100% (± 1 point) at each point of the end of the run."""
-    live, start, end = ran
+    live, end = ran.live, ran.end
     model = next(m for m in demo_dashboards() if m["uid"] == LEVELS[5].uid)
     (_, target), = [(p, t) for p, t in targets(model) if p["title"] == "Where the time went"]
     values = {**query_values(model), **BUILTINS}
     response = httpx.get(f"{live.urls['prometheus']}/api/v1/query_range", timeout=30, params={
-        "query": substitute(target["expr"], values), "start": max(start, end - 30), "end": end, "step": 2})
+        "query": substitute(target["expr"], values), "start": max(ran.start, end - 30), "end": end, "step": 2})
     body = response.json()
     assert body.get("status") == "success", body
     series = [s for s in body["data"]["result"] if s["metric"].get("workload") == WORKLOAD]
@@ -149,8 +217,8 @@ def test_where_the_time_went_adds_to_100_percent(ran: tuple[Stack, float, float]
     assert not off, f"buckets add to {sorted(off.items())} instead of 1 ± 0.01"
 
 
-def test_variables_offer_the_demo_values(ran: tuple[Stack, float, float]) -> None:
-    live, start, end = ran
+def test_variables_offer_the_demo_values(ran: Run) -> None:
+    live, start, end = ran.live, ran.start, ran.end
     offered: dict[str, set[str]] = {}
     for model in demo_dashboards():
         values = query_values(model)

@@ -2,6 +2,11 @@
 (vLLM's metrics, its own process, holding the GPUs the job leaves), Prometheus with the rules and Alertmanager
 (Debian's `prometheus` and `prometheus-alertmanager`).
 
+With `remote_write`, the same targets are also scraped the scale-out way (docs/scale-out.md): by Prometheus in agent
+mode and by vmagent, an HA pair with `cluster` as an external label, both remote-writing to VictoriaMetrics
+(deduplicated); vmalert evaluates the same rule files against it and sends to an Alertmanager of its own (Debian's
+`victoria-metrics`).
+
 Rules are rendered with DEMO_SETTINGS: the same rules with short windows and `for:` durations, so a
 fault shows as an alert within a minute. The daemon runs in this process so that faults can be
 injected into its simulated GPUs while it runs.
@@ -75,8 +80,8 @@ def _binary(*names: str) -> str:
         path = shutil.which(name)
         if path:
             return path
-    raise StackError(f"{names[0]} is not installed (Debian: apt-get install prometheus prometheus-alertmanager; "
-                     "`make deps` does it)")
+    raise StackError(f"{names[0]} is not installed (Debian: apt-get install prometheus prometheus-alertmanager "
+                     "victoria-metrics; `make deps` does it)")
 
 
 @dataclass
@@ -84,19 +89,31 @@ class Ports:
     exporter: int
     prometheus: int
     alertmanager: int
-    serving: int = 0  # 0: any free port
+    serving: int = 0  # 0 here and below: any free port
+    # the remote-write side (Stack(remote_write=True))
+    victoria: int = 0
+    agent: int = 0
+    vmagent: int = 0
+    vmalert: int = 0
+    vm_alertmanager: int = 0
 
     @classmethod
     def free(cls) -> Ports:
         return cls(free_port(), free_port(), free_port(), free_port())
 
+    def fill(self) -> None:
+        for name, port in vars(self).items():
+            if not port:
+                setattr(self, name, free_port())
+
 
 class Stack:
     def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
                  webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS,
-                 nics: int | None = None) -> None:
+                 nics: int | None = None, remote_write: bool = False) -> None:
         self.workdir = Path(workdir)
         self.ports = ports
+        self.remote_write = remote_write
         self.ranks = ranks
         self.webhook_url = webhook_url
         self.settings = settings
@@ -108,15 +125,17 @@ class Stack:
         self._server: ServerThread | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._serving: subprocess.Popen[bytes] | None = None
-        if not self.ports.serving:
-            self.ports.serving = free_port()
+        self.ports.fill()
 
     @property
     def urls(self) -> dict[str, str]:
         return {"exporter": f"http://127.0.0.1:{self.ports.exporter}",
                 "prometheus": f"http://127.0.0.1:{self.ports.prometheus}",
                 "alertmanager": f"http://127.0.0.1:{self.ports.alertmanager}",
-                "serving": f"http://127.0.0.1:{self.ports.serving}"}
+                "serving": f"http://127.0.0.1:{self.ports.serving}",
+                "victoria": f"http://127.0.0.1:{self.ports.victoria}",
+                "vmalert": f"http://127.0.0.1:{self.ports.vmalert}",
+                "vm_alertmanager": f"http://127.0.0.1:{self.ports.vm_alertmanager}"}
 
     # --- start and stop ----------------------------------------------------------------------------
 
@@ -125,8 +144,12 @@ class Stack:
             (self.workdir / "flight").mkdir(parents=True, exist_ok=True)
             self._start_daemon()
             self._start_serving()
-            self._start_alertmanager()
+            self._write_rules()
+            self._start_alertmanager("alertmanager", self.ports.alertmanager)
             self._start_prometheus()
+            if self.remote_write:
+                self._start_remote_write()
+            self._wait_scraped()
             self.job = SimulatedJob(WORKLOAD, self.ranks, str(self.workdir / "ingest.sock"),
                                     self.workdir / "flight").start()
             self._hold_gpus()
@@ -195,7 +218,7 @@ class Stack:
         """Scale the serving engine's arrival rate (1: its normal load)."""
         httpx.post(f"{self.urls['serving']}/load", params={"factor": factor}, timeout=5).raise_for_status()
 
-    def _start_alertmanager(self) -> None:
+    def _start_alertmanager(self, name: str, port: int) -> None:
         receiver: dict[str, object] = {"name": "default"}
         if self.webhook_url:
             receiver["webhook_configs"] = [{"url": self.webhook_url, "send_resolved": True}]
@@ -204,35 +227,44 @@ class Stack:
                       "repeat_interval": "1h"},
             "receivers": [receiver],
         }
-        path = self.workdir / "alertmanager.yml"
+        path = self.workdir / f"{name}.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
-        self._spawn("alertmanager", [
+        self._spawn(name, [
             _binary("prometheus-alertmanager", "alertmanager"), f"--config.file={path}",
-            f"--storage.path={self.workdir / 'alertmanager-data'}",
-            f"--web.listen-address=127.0.0.1:{self.ports.alertmanager}", "--cluster.listen-address="])
-        self._wait_ready("alertmanager", f"{self.urls['alertmanager']}/-/ready")
+            f"--storage.path={self.workdir / f'{name}-data'}",
+            f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="])
+        self._wait_ready(name, f"http://127.0.0.1:{port}/-/ready")
+
+    @property
+    def rules_dir(self) -> Path:
+        return self.workdir / "rules"
+
+    def _write_rules(self) -> None:
+        self.rules_dir.mkdir(exist_ok=True)
+        for name, text in rule_files(self.settings, source="the demo's fast settings").items():
+            (self.rules_dir / name).write_text(text)
+
+    def _scrape_configs(self, cluster_as_target_label: bool) -> list[dict[str, object]]:
+        """The exporter's and the serving engine's scrapes. The cluster label that rules and dashboards group by: a
+        target label for a Prometheus that queries its own series (a real setup sets it by relabeling), an external
+        label for the agents (set by the caller)."""
+        cluster = {self.settings.cluster_label: CLUSTER} if cluster_as_target_label else {}
+        return [
+            {"job_name": self.settings.exporter_job, "static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports.exporter}"], "labels": cluster}]},
+            # the serving engine, as a bare-metal scrape names it: its workload (the name the process source gives
+            # the GPUs it holds) as a target label, for the rules' join to its GPUs
+            {"job_name": SERVING_JOB, "static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports.serving}"], "labels": {**cluster, "workload": SERVING}}]},
+        ]
 
     def _start_prometheus(self) -> None:
-        rules = self.workdir / "rules"
-        rules.mkdir(exist_ok=True)
-        for name, text in rule_files(self.settings, source="the demo's fast settings").items():
-            (rules / name).write_text(text)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "rule_files": [str(rules / "*.rules.yml")],
+            "rule_files": [str(self.rules_dir / "*.rules.yml")],
             "alerting": {"alertmanagers": [{"static_configs": [
                 {"targets": [f"127.0.0.1:{self.ports.alertmanager}"]}]}]},
-            # the cluster label that rules and dashboards group by; a real setup sets it by relabeling
-            "scrape_configs": [
-                {"job_name": self.settings.exporter_job, "static_configs": [
-                    {"targets": [f"127.0.0.1:{self.ports.exporter}"],
-                     "labels": {self.settings.cluster_label: CLUSTER}}]},
-                # the serving engine, as a bare-metal scrape names it: its workload (the name the process source
-                # gives the GPUs it holds) as a target label, for the rules' join to its GPUs
-                {"job_name": SERVING_JOB, "static_configs": [
-                    {"targets": [f"127.0.0.1:{self.ports.serving}"],
-                     "labels": {self.settings.cluster_label: CLUSTER, "workload": SERVING}}]},
-            ],
+            "scrape_configs": self._scrape_configs(cluster_as_target_label=True),
         }
         path = self.workdir / "prometheus.yml"
         path.write_text(yaml.safe_dump(config, sort_keys=False))
@@ -240,6 +272,64 @@ class Stack:
             _binary("prometheus"), f"--config.file={path}", f"--storage.tsdb.path={self.workdir / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{self.ports.prometheus}"])
         self._wait_ready("prometheus", f"{self.urls['prometheus']}/-/ready")
+
+    def _start_remote_write(self) -> None:
+        """VictoriaMetrics; Prometheus in agent mode and vmagent scraping what Prometheus scrapes, both writing to it
+        (one sample per series per second kept: the HA pair's deduplication); vmalert with the same rule files,
+        sending to an Alertmanager of its own. Every part set for freshness over economy: the newest second of data
+        visible to queries (VictoriaMetrics hides 30 s by default), writes sent each second."""
+        victoria = self.urls["victoria"]
+        self._spawn("victoria-metrics", [
+            _binary("victoria-metrics"), f"-storageDataPath={self.workdir / 'victoria-data'}",
+            f"-httpListenAddr=127.0.0.1:{self.ports.victoria}", "-dedup.minScrapeInterval=1s",
+            "-search.latencyOffset=1s", "-search.disableCache", "-retentionPeriod=1d"])
+        self._wait_ready("victoria-metrics", f"{victoria}/health")
+        write = f"{victoria}/api/v1/write"
+        external = {"scrape_interval": "1s", "external_labels": {self.settings.cluster_label: CLUSTER}}
+        agent = self.workdir / "prometheus-agent.yml"
+        agent.write_text(yaml.safe_dump({
+            "global": external, "scrape_configs": self._scrape_configs(cluster_as_target_label=False),
+            "remote_write": [{"url": write, "queue_config": {"batch_send_deadline": "1s"}}]}, sort_keys=False))
+        self._spawn("prometheus-agent", [
+            _binary("prometheus"), "--enable-feature=agent", f"--config.file={agent}",
+            f"--storage.agent.path={self.workdir / 'agent-data'}",
+            f"--web.listen-address=127.0.0.1:{self.ports.agent}"])
+        vmagent = self.workdir / "vmagent.yml"
+        vmagent.write_text(yaml.safe_dump({
+            "global": external, "scrape_configs": self._scrape_configs(cluster_as_target_label=False)},
+            sort_keys=False))
+        self._spawn("vmagent", [
+            _binary("vmagent"), f"-promscrape.config={vmagent}", f"-remoteWrite.url={write}",
+            f"-remoteWrite.tmpDataPath={self.workdir / 'vmagent-data'}", "-remoteWrite.flushInterval=1s",
+            f"-httpListenAddr=127.0.0.1:{self.ports.vmagent}"])
+        self._start_alertmanager("vm-alertmanager", self.ports.vm_alertmanager)
+        self._spawn("vmalert", [
+            _binary("vmalert"), f"-rule={self.rules_dir / '*.rules.yml'}", f"-datasource.url={victoria}",
+            f"-remoteWrite.url={victoria}", f"-remoteRead.url={victoria}",
+            f"-notifier.url={self.urls['vm_alertmanager']}", "-evaluationInterval=1s",
+            "-remoteWrite.flushInterval=1s", f"-httpListenAddr=127.0.0.1:{self.ports.vmalert}"])
+        self._wait_ready("prometheus-agent", f"http://127.0.0.1:{self.ports.agent}/-/ready")
+        self._wait_ready("vmagent", f"http://127.0.0.1:{self.ports.vmagent}/health")
+        self._wait_ready("vmalert", f"{self.urls['vmalert']}/health")
+
+    def _wait_scraped(self, timeout: float = 30.0) -> None:
+        """Until every store holds the exporter's first scrape, so that a fault injected after start() is a change
+        each of them saw happen (a counter's first sample already past 0 is no increase to Prometheus, and all of it to
+        VictoriaMetrics)."""
+        stores = ["prometheus", "victoria"] if self.remote_write else ["prometheus"]
+        query = f'up{{job="{self.settings.exporter_job}"}} == 1'
+        deadline = time.monotonic() + timeout
+        for store in stores:
+            while True:
+                try:
+                    body = httpx.get(f"{self.urls[store]}/api/v1/query", params={"query": query}, timeout=2).json()
+                    if body.get("data", {}).get("result"):
+                        break
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise StackError(f"{store} had not scraped the exporter within {timeout:g}s; see {self.workdir}")
+                time.sleep(0.2)
 
     def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> None:
         logfile = (self.workdir / f"{name}.log").open("wb")
@@ -262,8 +352,8 @@ class Stack:
 
     # --- looking at it -------------------------------------------------------------------------------
 
-    def alerts(self) -> list[dict[str, object]]:
-        """Alertmanager's active alerts."""
-        response = httpx.get(f"{self.urls['alertmanager']}/api/v2/alerts", timeout=5)
+    def alerts(self, alertmanager: str = "alertmanager") -> list[dict[str, object]]:
+        """The active alerts of an Alertmanager: Prometheus's ("alertmanager") or vmalert's ("vm_alertmanager")."""
+        response = httpx.get(f"{self.urls[alertmanager]}/api/v2/alerts", timeout=5)
         response.raise_for_status()
         return response.json()
