@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
+from prometheus_client.openmetrics.parser import text_string_to_metric_families as openmetrics_families
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.assemble import build_daemon
@@ -43,6 +44,17 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         for sample in family.samples:
             out[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return out
+
+
+def check_openmetrics(body: str) -> None:
+    """A daemon's OpenMetrics /metrics body parses with prometheus-client's OpenMetrics parser and names no series
+    twice (every live server of the suite is checked so at its end, after its test)."""
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    for family in openmetrics_families(body):
+        for sample in family.samples:
+            key = (sample.name, frozenset(sample.labels.items()))
+            assert key not in seen, f"series twice in /metrics: {sample.name}{sample.labels}"
+            seen.add(key)
 
 
 def value(text: str, name: str, **labels: str) -> float | None:
@@ -113,6 +125,7 @@ def live_server(config: Config, backend=None, dcgm_backend=None) -> Iterator[Liv
     try:
         wait_for(lambda: server.started, timeout=10)
         yield live
+        check_openmetrics(live.client.get("/metrics", headers={"Accept": "application/openmetrics-text"}).text)
     finally:
         live.client.close()
         server.should_exit = True

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from conftest import ROOT, live_server, quick_config, series, socket_path, value, wait_for
-from goodput_client import Telemetry
+from conftest import ROOT, free_port, live_server, quick_config, series, socket_path, value, wait_for
+from goodput_client import Telemetry, workload_folder
 
 from exporter.sources.nvml.simulated import SimulatedGpus
 
@@ -28,13 +28,14 @@ if TYPE_CHECKING:
 pytest_plugins = ["job_env"]  # the session's job venv: PyTorch and goodput-client only
 
 
-def run_job(job_env: Venv, tmp_path: Path, sock: str, **env: str) -> dict[int, dict]:
-    """Run train_ddp.py under the job venv's torchrun, outside the checkout; returns what each rank
-    measured itself, after checking that the job saw only the installed client."""
+def run_job(job_env: Venv, tmp_path: Path, sock: str, launcher: tuple[str, ...] = ("--standalone",),
+            **env: str) -> dict[int, dict]:
+    """Run train_ddp.py under the job venv's torchrun (`launcher`: its rendezvous arguments), outside the checkout;
+    returns what each rank measured itself, after checking that the job saw only the installed client."""
     script = tmp_path / "train_ddp.py"  # not from tests/: nothing of the checkout on the job's sys.path
     shutil.copyfile(ROOT / "tests" / "train_ddp.py", script)
     result = subprocess.run(
-        [str(job_env.bin("torchrun")), "--standalone", "--nproc-per-node", "2", str(script)],
+        [str(job_env.bin("torchrun")), *launcher, "--nproc-per-node", "2", str(script)],
         env=job_env.environ(SOCKET=sock, OUT_DIR=str(tmp_path), **env), cwd=tmp_path, capture_output=True,
         text=True, timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -106,6 +107,26 @@ def test_two_rank_job_reports_what_it_measured(job_env: Venv, tmp_path: Path) ->
     assert value(text, "goodput_flight_recorder_files") == 2
 
 
+def test_a_torchrun_job_named_by_its_master_address_has_one_workload_in_both_sources(job_env: Venv,
+                                                                                       tmp_path: Path) -> None:
+    """torchrun with static rendezvous names no run (TORCHELASTIC_RUN_ID=none): the client names the job
+    `<host>/127.0.0.1:<port>`, which no folder name can hold as it is. Its flight-recorder folder is written
+    reversibly, and the flight series carry the same `workload` as the ingest series."""
+    port = free_port()
+    config = quick_config(flight={"dir": str(tmp_path / "fr"), "interval": "100ms"})
+    with live_server(config, backend=SimulatedGpus(1)) as live:
+        run_job(job_env, tmp_path, config.ingest.socket_path, STEPS="4", FR_DIR=str(tmp_path / "fr"),
+                launcher=("--nnodes", "1", "--master-addr", "127.0.0.1", "--master-port", str(port)))
+        workload, _ = job_workload(live, 4)
+        assert workload == f"{socket.gethostname().partition('.')[0]}/127.0.0.1:{port}"
+        assert [p.name for p in (tmp_path / "fr").iterdir()] == [workload_folder(workload)]
+        for rank in ("0", "1"):
+            live.metrics_when("goodput_collective_operations_total", 8, rank=rank, workload=workload, pg="0",
+                              op="all_reduce")
+        text = live.metrics()
+    assert {s["workload"] for s in series(text, "goodput_collective_operations_total")} == {workload}
+
+
 def test_a_slow_data_loader_shows_on_its_rank(job_env: Venv, tmp_path: Path) -> None:
     config = quick_config()
     steps, slow = 8, 0.15
@@ -148,9 +169,60 @@ def test_a_daemon_that_never_answers_does_not_block_the_loop(tmp_path: Path) -> 
             telemetry.record_phase("compute", 0.001)
         assert time.perf_counter() - started < 0.1
         telemetry.close(timeout=3)
-        assert telemetry.sent == 0 and telemetry.dropped == 500 + 2
+        # a batch written into the connection's buffer is unanswered (it may have been read); one that could not
+        # connect in time is dropped
+        assert telemetry.sent == 0 and telemetry.dropped + telemetry.unknown == 500 + 2
+        assert telemetry.unknown >= 1
     finally:
         stuck.close()
+
+
+def test_a_batch_sent_whole_and_not_answered_in_time_is_unknown_not_dropped(tmp_path: Path) -> None:
+    """A daemon that reads each request whole and answers after the client's timeout: the client cannot know whether
+    it applied the batch, so its events are counted in `unknown`, never in `dropped` or `sent`."""
+    path = str(tmp_path / "slow.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen(8)
+    requests: list[bytes] = []
+
+    def read_and_wait() -> None:
+        while True:
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            data = b""
+            while b"\r\n\r\n" not in data:
+                data += conn.recv(65536)
+            head, _, body = data.partition(b"\r\n\r\n")
+            length = int(next(line.split(b":")[1] for line in head.split(b"\r\n")
+                              if line.lower().startswith(b"content-length")))
+            while len(body) < length:
+                body += conn.recv(65536)
+            requests.append(body)
+            time.sleep(1.0)  # past the client's 0.3 s timeout
+            conn.close()
+
+    threading.Thread(target=read_and_wait, daemon=True).start()
+    try:
+        telemetry = Telemetry("w", 0, socket_path=path, flush_interval=0.01, timeout=0.3)
+        for _ in range(10):
+            telemetry.record_phase("compute", 0.001)
+        telemetry.close(timeout=5)
+        assert requests, "the server read no request"
+        sent_events = sum(len(json.loads(body)["events"]) for body in requests)
+        assert telemetry.sent == 0 and telemetry.dropped == 0
+        assert telemetry.unknown == sent_events == 10 + 2  # start and end too
+    finally:
+        server.close()
+
+
+def test_no_daemon_at_all_is_dropped_not_unknown(tmp_path: Path) -> None:
+    telemetry = Telemetry("w", 0, socket_path=str(tmp_path / "absent.sock"), flush_interval=0.01)
+    telemetry.record_phase("compute", 0.001)
+    telemetry.close(timeout=2)
+    assert telemetry.unknown == 0 and telemetry.dropped == 1 + 2
 
 
 def test_bounded_queue_drops_and_counts(tmp_path: Path) -> None:

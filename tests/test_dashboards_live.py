@@ -25,6 +25,7 @@ from typing import Any
 
 import httpx
 import pytest
+from conftest import check_openmetrics
 from goodput_client import Telemetry
 from goodput_mixin.dashboards import build
 from goodput_mixin.dashboards.kit import LEVELS
@@ -142,6 +143,9 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         live.job.set_skipping(None)
         time.sleep(5)
         end = time.time()
+        # the daemon's body after every fault: it parses as OpenMetrics, no series twice
+        check_openmetrics(httpx.get(f"{live.urls['exporter']}/metrics", timeout=10,
+                                    headers={"Accept": "application/openmetrics-text"}).text)
         yield Run(live, start, end, watch.stop(), watch.errors)
     finally:
         watch.stop()

@@ -21,10 +21,25 @@ def test_awkward_label_values_render_and_parse_back() -> None:
     text = renderer.render(batch, TEXT).decode()
     parsed = {s.labels["pid"]: s.labels["command"] for f in text_parse(text) for s in f.samples}
     assert parsed["0"] == 'quote"d' and parsed["1"] == "back\\slash" and parsed["2"] == "new\nline"
-    assert parsed["3"] == "bad-?-bytes"  # undecodable bytes replaced, never a crash
+    assert parsed["3"] == "bad-%FF-bytes"  # undecodable bytes written out as %XX, never a crash
     assert parsed["4"] == "ünïcode"
     om = join([renderer.render(batch, OPENMETRICS)], OPENMETRICS).decode()
     assert len(next(iter(om_parse(om))).samples) == len(AWKWARD)
+
+
+def test_values_differing_only_in_undecodable_bytes_stay_apart() -> None:
+    """Two process names that differ only in bytes that are not UTF-8 (as /proc gives them, surrogate-escaped): two
+    series, each value parsed back by prometheus-client's text and OpenMetrics parsers, no duplicate."""
+    batch = Batch()
+    names = [b"job-\xff".decode("utf-8", "surrogateescape"), b"job-\xfe".decode("utf-8", "surrogateescape"), "job-?"]
+    for i, command in enumerate(names):
+        batch.add(c.HOST_PROC_THREADS, ("7", command), i)
+    renderer = Renderer()
+    text = renderer.render(batch, TEXT).decode()
+    parsed = sorted(s.labels["command"] for f in text_parse(text) for s in f.samples)
+    assert parsed == ["job-%FE", "job-%FF", "job-?"]
+    om = join([renderer.render(batch, OPENMETRICS)], OPENMETRICS).decode()
+    assert sorted(s.labels["command"] for f in om_parse(om) for s in f.samples) == parsed
 
 
 def test_values() -> None:

@@ -33,10 +33,12 @@ from .contract import (
     FINISH_REASONS,
     FLOPS_DTYPES,
     PHASES,
+    workload_folder,
 )
 from .flops import decoder_flops_per_token
 from .telemetry import Telemetry
 
 __version__ = "0.1.0"
 __all__ = ["DEFAULT_FLOPS_DTYPE", "DEFAULT_SOCKET", "DEFAULT_TPOT_OBJECTIVE", "DEFAULT_TTFT_OBJECTIVE",
-           "FINISH_REASONS", "FLOPS_DTYPES", "PHASES", "Telemetry", "__version__", "decoder_flops_per_token"]
+           "FINISH_REASONS", "FLOPS_DTYPES", "PHASES", "Telemetry", "__version__", "decoder_flops_per_token",
+           "workload_folder"]

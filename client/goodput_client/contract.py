@@ -112,6 +112,39 @@ MAX_COUNT = 10**12  # tokens, samples
 MIN_DURATION = 1e-9  # a step's duration is positive: shorter ones are sent as this
 WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"
 MAX_RANK = 1_000_000
+_FOLDER_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_HEX = frozenset("0123456789ABCDEFabcdef")
+
+
+def workload_folder(workload: str) -> str:
+    """The directory of a workload's files (flight-recorder dumps under flight.dir, captures), one path component:
+    its name with each byte of any other character than letters, digits and `_.-` written as %XX (a leading `.`
+    too). Reversible: the daemon reads the folder back as the workload's name (workload_from_folder), so the flight
+    series and the ingest series of a job carry the same `workload` (`node-7/localhost:29500` is the folder
+    `node-7%2Flocalhost%3A29500`). A name of many such characters can pass the 255 bytes a folder's name may have:
+    writing there then fails with ENAMETOOLONG, counted where the write is."""
+    out = [ch if ch in _FOLDER_SAFE else "".join(f"%{b:02X}" for b in ch.encode("utf-8", "surrogateescape"))
+           for ch in workload]
+    if out and out[0] == ".":
+        out[0] = "%2E"
+    return "".join(out)
+
+
+def workload_from_folder(folder: str) -> str:
+    """A folder's workload name: the inverse of workload_folder. `folder` as os.scandir gives it (undecodable
+    bytes as surrogates). Bytes that are not UTF-8 stay %XX, so two folders that differ only there stay apart."""
+    raw = bytearray()
+    data = folder.encode("utf-8", "surrogateescape")
+    i = 0
+    while i < len(data):
+        if data[i] == 0x25 and i + 2 < len(data) and chr(data[i + 1]) in _HEX and chr(data[i + 2]) in _HEX:
+            raw.append(int(data[i + 1:i + 3], 16))
+            i += 3
+        else:
+            raw.append(data[i])
+            i += 1
+    text = bytes(raw).decode("utf-8", "surrogateescape")
+    return "".join(f"%{ord(ch) - 0xDC00:02X}" if "\udc80" <= ch <= "\udcff" else ch for ch in text)
 
 # --- inference requests ---
 MODEL_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,255}$"

@@ -1,8 +1,9 @@
 """Telemetry: the per-rank reporter a training loop (or an inference server) calls.
 
 Never raises into the loop and never blocks it: the loop only appends to a bounded in-process queue,
-which a background thread sends in batches. When the daemon is absent or slow, events are dropped and
-counted (`Telemetry.dropped`); the loop does not notice.
+which a background thread sends in batches. When the daemon is absent, events are dropped and counted
+(`Telemetry.dropped`); when it takes longer than `timeout` to answer a batch that went out whole, the batch's events
+are counted in `Telemetry.unknown` (the daemon may have applied them). The loop notices neither.
 
 Every event carries the process's elapsed time since its Telemetry started (`elapsed_seconds`), so the
 daemon can account for every second of the rank: the seconds no phase covers are its "untracked" phase.
@@ -55,6 +56,7 @@ from .contract import (
     poll_path,
     request_event,
     step_event,
+    workload_folder,
 )
 
 TYPE_CHECKING = False
@@ -77,16 +79,13 @@ _ITL_SLOTS = len(ITL_BUCKETS) + 1
 _MODELS_REMEMBERED = 4096  # model names whose validity a Telemetry caches
 _INF = float("inf")
 _OFF = frozenset({"0", "false", "no", "off"})  # GOODPUT_CAPTURES values that turn captures off
+UNANSWERED = "no answer"  # how _send's problem starts when a batch went out whole and no answer came
 
 
 def _log() -> logging.Logger:
     import logging
 
     return logging.getLogger(LOGGER)
-
-
-def _safe(name: str) -> str:
-    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in name)
 
 
 def _from_env(*names: str) -> str | None:
@@ -424,7 +423,10 @@ class Telemetry:
         self.max_batch = max_batch
         self.flush_interval = flush_interval
         self.sent = 0  # events the daemon accepted
-        self.dropped = 0  # events lost: queue full, daemon absent or slow, or rejected
+        self.dropped = 0  # events lost: queue full, daemon absent, or rejected
+        # events sent whole whose answer never came (the daemon too slow to answer within `timeout`): it may have
+        # applied them, so they are neither sent nor dropped
+        self.unknown = 0
         self.dumps = 0  # flight-recorder dumps written
         self.dump_errors = 0
         self._queue: collections.deque[tuple] = collections.deque()  # type: ignore[type-arg]
@@ -699,15 +701,15 @@ class Telemetry:
     def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
         """Every `interval` seconds (and once more on close), write this rank's PyTorch flight-recorder
         buffer (the pickle of `_dump_fr_trace`) to `directory/<workload>/comm_lib_trace_rank_<rank>`,
-        replacing the previous dump atomically, for the daemon's flight source (`flight.dir`) to read.
+        replacing the previous dump atomically, for the daemon's flight source (`flight.dir`) to read. The
+        folder is `workload_folder(workload)`: the name, with characters other than letters, digits and `_.-`
+        as %XX, which the daemon reads back as the same name.
 
         That is PyTorch's own default file name: with TORCH_FR_DUMP_TEMP_FILE set to
         `directory/<workload>/comm_lib_trace_rank_`, NCCL's dump on a timeout replaces the last periodic
         one with the state at the hang. Failures are counted in `dump_errors`."""
-        folder = _safe(self.workload)
-        if folder.startswith("."):  # never a hidden folder, never "..": the daemon skips those
-            folder = "_" + folder
-        self._fr_target = os.path.join(directory, folder, f"{FLIGHT_DUMP_PREFIX}{self.rank}")
+        # the workload's name, reversibly: the daemon reads the folder back as the same `workload`
+        self._fr_target = os.path.join(directory, workload_folder(self.workload), f"{FLIGHT_DUMP_PREFIX}{self.rank}")
         self._fr_thread = threading.Thread(target=self._dump_loop, args=(interval,), name="goodput-fr-dump",
                                            daemon=True)
         self._fr_thread.start()
@@ -762,10 +764,14 @@ class Telemetry:
 
     def _send(self, batch: list[tuple], path: str = EVENTS_PATH) -> str | None:  # type: ignore[type-arg]
         """Post one batch; None when the daemon accepted it (and the capture requests of its answer are taken
-        up), else what went wrong."""
+        up), else what went wrong: starting with UNANSWERED when it went out whole and no answer came."""
+        from .transport import NoAnswer  # loaded with Transport when this Telemetry was made
+
         self._last_post = time.monotonic()
         try:
             status, text = self._transport.post(path, encode(batch_body([self._encode(e) for e in batch])))
+        except NoAnswer as exc:
+            return f"{UNANSWERED}: {exc}"
         except Exception as exc:  # absent, slow, or anything else: never into the training loop
             return f"{exc.__class__.__name__}: {exc}"
         if status != 200:
@@ -827,6 +833,9 @@ class Telemetry:
             problem = self._send(batch)
             if problem is None:
                 self.sent += len(batch)
+            elif problem.startswith(UNANSWERED):
+                self.unknown += len(batch)
+                _log().debug("goodput telemetry: %d events sent, no answer (%s)", len(batch), problem)
             else:
                 self.dropped += len(batch)
                 _log().debug("goodput telemetry: %d events dropped (%s)", len(batch), problem)

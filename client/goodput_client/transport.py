@@ -50,6 +50,11 @@ def _closed_by_peer(connection: http.client.HTTPConnection) -> bool:
         return True
 
 
+class NoAnswer(Exception):
+    """The request was sent whole and no answer came (timed out, or the connection closed): the daemon may or may
+    not have applied it."""
+
+
 class Transport:
     """POSTs to one daemon. Not thread-safe: one sender thread uses it."""
 
@@ -74,7 +79,8 @@ class Transport:
         return kind(parts.hostname, parts.port, timeout=self.timeout)
 
     def post(self, path: str, body: bytes, content_type: str = "application/json") -> tuple[int, str]:
-        """POST `body` to `path`; returns the status and the response's text."""
+        """POST `body` to `path`; returns the status and the response's text. Raises NoAnswer when the request
+        went out whole but no answer came, anything else when it did not go out."""
         connection = self._connection
         if connection is None or _closed_by_peer(connection):
             self.close()
@@ -82,8 +88,15 @@ class Transport:
         try:
             connection.request("POST", self._prefix + path, body=body,
                                headers={"Content-Type": content_type, **self.headers})
+        except BaseException:
+            self.close()
+            raise
+        try:
             response = connection.getresponse()
             text = response.read().decode("utf-8", "replace")
+        except Exception as exc:
+            self.close()
+            raise NoAnswer(f"{exc.__class__.__name__}: {exc}") from exc
         except BaseException:
             self.close()
             raise

@@ -11,6 +11,7 @@ to a dictionary lookup, the value's text and one concatenation.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable
 from typing import Any
 
@@ -70,10 +71,25 @@ class Batch:
         return sum(len(rows) for rows in self.series.values())
 
 
+_LABEL_SPECIAL = re.compile('[\\\\"\n\ud800-\udfff]')
+_LABEL_ESCAPES = {"\\": "\\\\", '"': '\\"', "\n": "\\n"}
+
+
+def _escape_one(match: re.Match[str]) -> str:
+    ch = match.group()
+    escaped = _LABEL_ESCAPES.get(ch)
+    if escaped is not None:
+        return escaped
+    # a lone surrogate: a byte that was not UTF-8, kept by surrogateescape (U+DC80-U+DCFF: the byte as %XX), or a
+    # stray one; written out, so that two values that differ only there stay two series
+    code = ord(ch)
+    return f"%{code - 0xDC00:02X}" if 0xDC80 <= code <= 0xDCFF else f"%u{code:04X}"
+
+
 def _escape_label(value: str) -> str:
-    if "\\" in value or '"' in value or "\n" in value:
-        return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return value
+    """A label value as the exposition writes it: backslash, quote and newline escaped as the formats say, and what
+    UTF-8 cannot encode written out rather than replaced."""
+    return _LABEL_SPECIAL.sub(_escape_one, value) if _LABEL_SPECIAL.search(value) else value
 
 
 def _label_text(metric: Metric, labels: tuple[str, ...]) -> str:

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from goodput_client.contract import CAPTURE_ID_PATTERN, CAPTURE_KINDS, MAX_CAPTURE_MESSAGE
+from goodput_client.contract import CAPTURE_ID_PATTERN, CAPTURE_KINDS, MAX_CAPTURE_MESSAGE, workload_folder
 
 from ...core.exposition import Batch
 from . import metrics as c
@@ -72,12 +72,6 @@ class IndexProblem(Exception):
     def __init__(self, message: str, corrupt: bool) -> None:
         super().__init__(message)
         self.corrupt = corrupt
-
-
-def safe_name(workload: str) -> str:
-    """A workload name as one directory name: '/' and anything unusual become '_'; never '.' or '..'."""
-    name = re.sub(r"[^A-Za-z0-9_.-]", "_", workload)[:128]
-    return "_" + name if not name or name.startswith(".") else name
 
 
 def _rank_order(rank: str) -> tuple[int, str]:
@@ -131,7 +125,7 @@ class Capture:
                       bool(item.get("sealed", False)))
         if not re.fullmatch(CAPTURE_ID_PATTERN, capture.id):
             raise ValueError(f"id {capture.id!r} is not a capture id")
-        expected = os.path.join(directory, safe_name(capture.workload), capture.id)
+        expected = os.path.join(directory, workload_folder(capture.workload), capture.id)
         if capture.dir != expected:
             raise ValueError(f"capture {capture.id}: dir {capture.dir!r} is not {expected!r}")
         for rank, entry in capture.ranks.items():
@@ -343,7 +337,7 @@ class Captures:
             self._hour.append(now)
             stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(now))
             capture_id = f"{stamp}-{trigger}-{secrets.token_hex(3)}"
-            directory = os.path.join(self.directory, safe_name(workload), capture_id)
+            directory = os.path.join(self.directory, workload_folder(workload), capture_id)
             try:
                 os.makedirs(os.path.dirname(directory), mode=SEALED_DIR_MODE, exist_ok=True)
                 os.mkdir(directory)
