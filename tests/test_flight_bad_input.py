@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import pickle
+import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -52,6 +53,15 @@ def _symlink(path: Path) -> None:
     path.symlink_to(target / "real")
 
 
+def _socket(path: Path) -> None:
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(str(path))  # the file stays after the socket is closed
+
+
+def _directory(path: Path) -> None:
+    path.mkdir()
+
+
 CASES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "empty": ("empty", _bytes(b"")),
     "truncated": ("truncated", _bytes(GOOD[: len(GOOD) // 2])),
@@ -80,8 +90,13 @@ CASES: dict[str, tuple[str, Callable[[Path], None]]] = {
     "json cut inside a string": ("truncated", _bytes(
         json.dumps(nccl_dump([nccl_entry(0, 1)], {})).split("nccl:all_reduce")[0].encode() + b"nccl:al")),
     "a fifo": ("not_regular", _fifo),
-    "a symlink": ("not_regular", _symlink),
+    "a socket": ("not_regular", _socket),
+    "a directory": ("not_regular", _directory),
+    "a symlink": ("symlink", _symlink),
 }
+# what the log says each one is: its true nature, not a guess
+KINDS = {"a fifo": "a FIFO (named pipe)", "a socket": "a socket", "a directory": "a directory",
+         "a symlink": "a symbolic link"}
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -103,6 +118,9 @@ def test_a_bad_dump_is_counted_once_and_logged_once(case: str, tmp_path: Path,
                for r in series(text, "goodput_flight_recorder_rejected_total")) == 1
     logged = [r.getMessage() for r in caplog.records if str(bad) in r.getMessage()]
     assert len(logged) == 1 and f"({reason})" in logged[0]
+    if case in KINDS:
+        assert KINDS[case] in logged[0]
+        assert [kind for kind in KINDS.values() if kind in logged[0]] == [KINDS[case]]
     # the good workload is still read, and the bad one reports nothing
     assert value(text, "goodput_collective_operations_total", workload="good", rank="0", pg="0",
                  op="all_reduce") == 4

@@ -25,8 +25,8 @@ class Rejected(Exception):
 
 # Reasons a file can be rejected for, in the order the reference lists them.
 REASONS = (
-    "empty", "truncated", "corrupt", "unsafe", "bad_schema", "unknown_version", "too_large",
-    "not_regular", "unreadable", "bad_name", "duplicate_rank", "too_many_files",
+    "empty", "truncated", "corrupt", "unsafe", "bad_schema", "unknown_version", "too_large", "parser_died",
+    "symlink", "not_regular", "unreadable", "bad_name", "duplicate_rank", "too_many_files", "too_many_series",
 )
 # A file in one of these states may still be being written: retried before it is counted.
 MAYBE_PARTIAL = frozenset({"empty", "truncated"})

@@ -60,7 +60,23 @@ FR_REJECTED = _m(
     "goodput_flight_recorder_rejected_total", Kind.COUNTER, "",
     "Dump files rejected, each version of a file counted once, by reason: empty, truncated, corrupt, "
     "unsafe (a pickle asking to run code), bad_schema, unknown_version, too_large (on disk, or for the "
-    "parser's memory), not_regular, unreadable, bad_name, duplicate_rank (a second file for one rank), "
-    "too_many_files.", ("reason",))
+    "parser's own memory limit), parser_died (the parser process was killed while reading it, on every "
+    "try), symlink (a symbolic link in flight.dir or a workload folder: never followed), not_regular (a "
+    "FIFO, socket, device or directory), unreadable (permission denied, ...), bad_name, duplicate_rank (a "
+    "second file for one rank), too_many_files (over flight.max_files), too_many_series (read, but its "
+    "series do not fit in flight.max_series).", ("reason",))
+FR_SERIES = _m(
+    "goodput_flight_recorder_series", Kind.GAUGE, "",
+    "Series the flight source exports now, its own included; at most flight.max_series (a histogram counts "
+    "as its buckets, sum and count).", ())
+FR_WITHHELD_FILES = _m(
+    "goodput_flight_recorder_withheld_files", Kind.GAUGE, "",
+    "Dump files read but not exported now because their series would pass flight.max_series (the most "
+    "recently written are exported first); above 0, the cap is hit.", ())
+FR_PARSER_DEATHS = _m(
+    "goodput_flight_recorder_parser_deaths_total", Kind.COUNTER, "",
+    "Times the parser process died while reading a dump without replying (killed by a signal: the OOM "
+    "killer, which takes it first, or a kill -9), or could not be started for it. The dump is read again "
+    "later; after every try fails it is rejected as parser_died.", ())
 
 METRICS = _m.metrics

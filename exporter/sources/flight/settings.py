@@ -33,6 +33,15 @@ class FlightConfig(SourceConfig):
     max_file_bytes: int = Field(64 * 2**20, ge=1024, description="Larger dump files are rejected unread.")
     max_files: int = Field(
         512, ge=1, description="Most dump files read; beyond it the most recently written are kept.")
+    max_series: int = Field(
+        100_000, ge=1_000, description="Most series the source exports, all dumps together (its own few "
+        "included). Ranks' dumps are taken most recently written first; one whose series do not fit in what "
+        "is left is not exported (rejected as too_many_series, its counters kept for when it fits again) and "
+        "older, smaller ones may still fit. Missing-rank series are taken first.")
+    follow_dir_symlink: bool = Field(
+        False, description="Read flight.dir even when it is a symbolic link. Off, such a flight.dir is refused "
+        "(source error dir_symlink): whoever can write its parent folder could point it anywhere. Symbolic "
+        "links below flight.dir are never followed.")
     rank_missing_after: Duration = Field(
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")

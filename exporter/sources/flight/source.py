@@ -33,6 +33,20 @@ A file is read again only when it changes (inode, size or mtime). A bad version 
 once in goodput_flight_recorder_rejected_total and logged once; a file that looks half-written
 (empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
 replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.
+
+Nothing below flight.dir is reached through a symbolic link (`tree`): a symbolic link there, to a
+folder or a file, is rejected as `symlink`, and flight.dir itself is refused when it is one (source
+error `dir_symlink`) unless flight.follow_dir_symlink is set.
+
+A parser process that dies without replying (the OOM killer, which it volunteers for) tells nothing
+about the file: the file is tried again PARSER_RETRY_AFTER seconds later, then twice as long after each
+death, PARSER_TRIES times in all, before it is rejected as `parser_died`. NCCL writes its dump on a
+timeout once; losing it to memory pressure elsewhere on the node would lose the hang's evidence.
+
+All dumps together export at most flight.max_series series (the source's own included): the
+missing-rank series first, then each rank's series, most recently written dump first; a rank whose
+series do not fit in what is left is withheld (counted once per version as `too_many_series`, logged,
+shown in goodput_flight_recorder_withheld_files) and keeps its counters for when it fits again.
 """
 
 from __future__ import annotations
@@ -47,6 +61,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from goodput_client.contract import workload_from_folder
+
 from ...core.exposition import Batch
 from ..base import Source, SourceError
 from . import metrics as c
@@ -55,29 +71,49 @@ from .analysis import RankDump, missing_ranks
 from .load import MAYBE_PARTIAL, REASONS, Rejected
 from .schema import Dump
 from .settings import FlightConfig
-from .worker import ParseWorker
+from .tree import DirRefused, DumpDir, Vanished, refusal
+from .worker import ParserDied, ParseWorker
 
 log = logging.getLogger(__name__)
 
 DEFAULT_WORKLOAD = "default"
 PARTIAL_WRITE_GRACE = 10.0
+PARSER_TRIES = 4  # reads of one version of a file that the parser may die in before it is rejected
+PARSER_RETRY_AFTER = 2.0  # seconds after the first death; doubled after each further one
 LOG_LINES_PER_PASS = 10
 _TEMPORARY = (".partial", ".tmp", "~")
 _RANK = re.compile(r"(\d{1,9})(?:\.pkl|\.json)?")  # what follows the prefix in a dump file's name
+_HISTOGRAM_SERIES = len(c.COLLECTIVE_BUCKETS) + 3  # its buckets, +Inf, _sum and _count
+_OWN_SERIES = len(REASONS) + 4  # rejected by reason, files, series, withheld files, parser deaths
 
 FileKey = tuple[int, int, int]  # inode, size, mtime_ns: a version of a file
 
 
+def _key(st: os.stat_result) -> FileKey:
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 @dataclass(frozen=True, slots=True)
 class _Found:
-    path: str
+    path: str  # for logs and as the file's identity: flight.dir/[folder/]name
+    folder: str | None  # the workload folder's name in flight.dir; None: flight.dir itself
+    name: str
     workload: str
     rank: int
-    st: os.stat_result
+    st: os.stat_result  # as listed (lstat: never followed)
 
     @property
     def key(self) -> FileKey:
-        return (self.st.st_ino, self.st.st_size, self.st.st_mtime_ns)
+        return _key(self.st)
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    """A version of a file the parser died on: how many times, and when to try it again."""
+
+    key: FileKey
+    deaths: int
+    at: float
 
 
 class _RankState:
@@ -92,6 +128,7 @@ class _RankState:
         self.dump: Dump | None = None  # groups and in-flight entries of the last good dump
         self.waiting: dict[str, list[int]] = {}  # pg -> time_created_ns of its in-flight ops
         self.written = 0.0
+        self.series = 0  # what render() adds, counted as Prometheus counts series
         self._reset()
 
     def _reset(self) -> None:
@@ -121,6 +158,14 @@ class _RankState:
             self.waiting.setdefault(entry.pg, []).append(entry.created_ns)
         self.dump = Dump(summary.version, summary.inflight, summary.groups)
         self.written, self.path, self.key = written, path, key
+        self.series = self._count()
+
+    def _count(self) -> int:
+        """The series render() adds, without rendering them (a state left out by max_series costs nothing)."""
+        count = 2  # dump timestamp, entries lost
+        for group in self.dump.groups.values() if self.dump is not None else ():
+            count += 5 + (group.started is not None and group.started >= 0)  # info, seqs, inflight, oldest
+        return count + 2 * len(self.ops) + _HISTOGRAM_SERIES * len(self.durations)
 
     def oldest_inflight(self, pg: str) -> float:
         """Seconds the oldest collective of `pg` still in flight had waited when the dump was written; 0: none."""
@@ -179,8 +224,10 @@ class FlightSource(Source):
 
     def __init__(self, config: FlightConfig, clock: Callable[[], float] = time.time) -> None:
         self.dir = Path(config.dir)
+        self.follow_dir_symlink = config.follow_dir_symlink
         self.max_file_bytes = config.max_file_bytes
         self.max_files = config.max_files
+        self.max_series = config.max_series
         self.grace = config.rank_missing_after
         self.hang_after = config.hang_after
         # asks the workload's ranks for captures on a hang or a missing rank (Node.captures); None: off
@@ -196,7 +243,11 @@ class FlightSource(Source):
         self._states: dict[tuple[str, int], _RankState] = {}
         self._failed: dict[str, FileKey] = {}  # the version of a file already counted as rejected
         self._over: set[str] = set()  # files already counted as over max_files, or as bad names
+        self._retries: dict[str, _Retry] = {}  # versions of files the parser died on, to read again
+        self._withheld: dict[str, FileKey] = {}  # versions of files already counted as over max_series
+        self._gaps_cut = 0  # missing-rank series left out by max_series, last pass
         self.rejected: Counter[str] = Counter()
+        self.parser_deaths = 0
         self._dir_state: str | None = None  # logged once per change: "missing", "ok", or an error
 
     # --- finding the files ------------------------------------------------------------------------
@@ -211,50 +262,64 @@ class FlightSource(Source):
                 log.warning("flight: %s", message)
             self._dir_state = state
 
-    def _scan(self, report: _Reporter, seen: set[str]) -> list[_Found]:
+    def _open(self) -> DumpDir | None:
+        """flight.dir, open for this pass; None when it does not exist. Raises SourceError when it is refused."""
+        try:
+            root = DumpDir.open(self.dir, self.follow_dir_symlink)
+        except DirRefused as exc:
+            self._note_dir(exc.reason, str(exc))
+            raise SourceError(exc.reason, str(exc)) from None
+        if root is None:
+            self._note_dir("missing")
+            return None
+        self._note_dir("ok")
+        return root
+
+    def _scan(self, root: DumpDir, report: _Reporter, seen: set[str]) -> list[_Found]:
         """Candidate dump files; `seen` receives every path looked at, good or bad."""
         try:
-            top = list(os.scandir(self.dir))
-        except FileNotFoundError:
-            self._note_dir("missing")
-            return []
-        except OSError as exc:
-            self._note_dir("error", f"cannot list {self.dir}: {exc.strerror}")
-            raise SourceError("dir_unreadable", f"cannot list {self.dir}: {exc.strerror}") from None
-        self._note_dir("ok")
+            top = root.listing()
+        except (Rejected, Vanished) as exc:
+            self._note_dir("error", f"cannot list {self.dir}: {exc}")
+            raise SourceError("dir_unreadable", f"cannot list {self.dir}: {exc}") from None
         found: list[_Found] = []
-        for entry in top:
-            seen.add(entry.path)
-            if entry.is_dir(follow_symlinks=False):
-                if entry.name.startswith("."):
-                    continue  # hidden: not a workload
+        for name, st in top:
+            path = str(self.dir / name)
+            seen.add(path)
+            if stat.S_ISDIR(st.st_mode):
                 try:
-                    inner = list(os.scandir(entry.path))
-                except OSError as exc:
-                    self._reject_once(entry.path, "unreadable", f"cannot list: {exc.strerror}", report)
+                    inner = root.listing(name)
+                except Vanished:
                     continue
-                for item in inner:
-                    seen.add(item.path)
-                    self._consider(item, entry.name, found, report)
+                except Rejected as exc:
+                    self._reject_once(path, exc.reason, str(exc), report)
+                    continue
+                for item, item_st in inner:
+                    item_path = f"{path}/{item}"
+                    seen.add(item_path)
+                    self._consider(item_path, name, item, item_st, found, report)
+            elif stat.S_ISLNK(st.st_mode) and not name.endswith(_TEMPORARY):
+                # a workload folder or a dump, either way never followed
+                link = refusal(st.st_mode)
+                self._reject_once(path, link.reason, str(link), report)
             else:
-                self._consider(entry, DEFAULT_WORKLOAD, found, report)
+                self._consider(path, None, name, st, found, report)
         return found
 
-    def _consider(self, entry: os.DirEntry[str], workload: str, found: list[_Found], report: _Reporter) -> None:
-        name = entry.name
-        if name.startswith(".") or name.endswith(_TEMPORARY):
+    def _consider(self, path: str, folder: str | None, name: str, st: os.stat_result, found: list[_Found],
+                  report: _Reporter) -> None:
+        if name.endswith(_TEMPORARY):
             return
         rank = self._rank(name)
         if rank is None:
-            if not entry.is_dir(follow_symlinks=False):
-                self._reject_once(entry.path, "bad_name", f"not named {self._pattern} (flight.prefixes)", report)
+            if stat.S_ISLNK(st.st_mode):
+                link = refusal(st.st_mode)
+                self._reject_once(path, link.reason, str(link), report)
+            elif not stat.S_ISDIR(st.st_mode):
+                self._reject_once(path, "bad_name", f"not named {self._pattern} (flight.prefixes)", report)
             return
-        try:
-            st = entry.stat(follow_symlinks=False)
-        except OSError as exc:
-            self._reject_once(entry.path, "unreadable", exc.strerror or str(exc), report)
-            return
-        found.append(_Found(entry.path, workload, rank, st))
+        # the folder as the client names it (goodput_client.workload_folder): read back as the workload's name
+        found.append(_Found(path, folder, name, workload_from_folder(folder) if folder else DEFAULT_WORKLOAD, rank, st))
 
     def _rank(self, name: str) -> int | None:
         """The rank in a dump file's name, after the longest prefix the rest of the name fits; None if none."""
@@ -290,38 +355,44 @@ class FlightSource(Source):
 
     # --- reading one file -------------------------------------------------------------------------
 
-    def _read(self, item: _Found, prior: Prior) -> Summary:
+    def _read(self, root: DumpDir, item: _Found, prior: Prior) -> tuple[Summary, os.stat_result]:
+        """The summary of the file's current version, and its fstat. Raises Rejected, Vanished or ParserDied."""
         if not stat.S_ISREG(item.st.st_mode):
-            raise Rejected("not_regular", "not a regular file (symbolic links are not followed)")
+            raise refusal(item.st.st_mode)  # not even opened: opening a device or a FIFO can do things
         if item.st.st_size > self.max_file_bytes:
             raise Rejected("too_large", f"{item.st.st_size} bytes, over flight.max_file_bytes="
                            f"{self.max_file_bytes}")
-        try:
-            fd = os.open(item.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError as exc:
-            raise Rejected("unreadable", exc.strerror or str(exc)) from None
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise Rejected("not_regular", "not a regular file")
-            with os.fdopen(fd, "rb", closefd=False) as handle:
-                data = handle.read(self.max_file_bytes + 1)
-        except OSError as exc:
-            raise Rejected("unreadable", exc.strerror or str(exc)) from None
-        finally:
-            os.close(fd)
-        if len(data) > self.max_file_bytes:
-            raise Rejected("too_large", f"grew past flight.max_file_bytes={self.max_file_bytes}")
-        return self._parser.summarize(data, prior)
+        data, st = root.read(item.folder, item.name, self.max_file_bytes)
+        return self._parser.summarize(data, prior), st
 
-    def _update(self, item: _Found, now: float, report: _Reporter) -> None:
+    def _update(self, root: DumpDir, item: _Found, now: float, report: _Reporter) -> None:
         slot = (item.workload, item.rank)
         state = self._states.get(slot)
         if state is not None and state.path == item.path and state.key == item.key:
             return  # unchanged since the last read
         if self._failed.get(item.path) == item.key:
             return  # this version was rejected already, and counted
+        retry = self._retries.get(item.path)
+        if retry is not None and retry.key != item.key:
+            retry = None  # a new version: a fresh set of tries
+        if retry is not None and now < retry.at:
+            return  # the parser died on it: wait before the next try
         try:
-            summary = self._read(item, state.prior if state is not None else Prior())
+            summary, st = self._read(root, item, state.prior if state is not None else Prior())
+        except Vanished:
+            return  # replaced or removed since the listing: the next pass sees what is there
+        except ParserDied as died:
+            self.parser_deaths += 1
+            deaths = 1 if retry is None else retry.deaths + 1
+            if deaths < PARSER_TRIES:
+                delay = PARSER_RETRY_AFTER * 2 ** (deaths - 1)
+                self._retries[item.path] = _Retry(item.key, deaths, now + delay)
+                log.warning("flight: %s: %s; reading it again in %gs (try %d of %d)", item.path, died, delay,
+                            deaths + 1, PARSER_TRIES)
+                return
+            self._retries.pop(item.path, None)
+            self._reject(item, Rejected("parser_died", f"{died}; it died on all {PARSER_TRIES} tries"), report)
+            return
         except Exception as error:  # whatever a file provokes, it is a bad file, not a broken source
             if isinstance(error, Rejected):
                 rejected = error
@@ -330,14 +401,19 @@ class FlightSource(Source):
                 rejected = Rejected("corrupt", f"reading it failed ({error.__class__.__name__})")
             if rejected.reason in MAYBE_PARTIAL and now - item.st.st_mtime < PARTIAL_WRITE_GRACE:
                 return  # probably still being written: try again next pass, count nothing yet
-            self._failed[item.path] = item.key
-            self.rejected[rejected.reason] += 1
-            report.reject(item.path, rejected.reason, str(rejected))
+            self._retries.pop(item.path, None)
+            self._reject(item, rejected, report)
             return
+        self._retries.pop(item.path, None)
         if state is None:  # keyed by rank, not path: a rank whose file is renamed keeps its counters
             state = self._states[slot] = _RankState(item.workload, item.rank)
-        state.absorb(summary, item.st.st_mtime, item.path, item.key)
+        state.absorb(summary, st.st_mtime, item.path, _key(st))
         self._failed.pop(item.path, None)
+
+    def _reject(self, item: _Found, rejected: Rejected, report: _Reporter) -> None:
+        self._failed[item.path] = item.key
+        self.rejected[rejected.reason] += 1
+        report.reject(item.path, rejected.reason, str(rejected))
 
     # --- the collection -------------------------------------------------------------------------
 
@@ -345,42 +421,82 @@ class FlightSource(Source):
         now = self._clock()
         report = _Reporter()
         seen: set[str] = set()
-        found = self._scan(report, seen)
-        chosen = self._select(found, report)
-        for item in chosen:
-            self._update(item, now, report)
+        chosen: list[_Found] = []
+        root = self._open()
+        if root is not None:
+            with root:
+                chosen = self._select(self._scan(root, report, seen), report)
+                for item in chosen:
+                    self._update(root, item, now, report)
         kept = {(item.workload, item.rank) for item in chosen}
         for slot in [s for s in self._states if s not in kept]:
             del self._states[slot]  # gone, or beyond max_files: no ghost series
-        for path in [p for p in self._failed if p not in seen]:
-            del self._failed[path]
+        for known in (self._failed, self._retries, self._withheld):
+            for path in [p for p in known if p not in seen]:
+                del known[path]
         self._over &= seen
+        batch = self._render(report)
         report.finish()
-        return self._render()
+        return batch
 
-    def _render(self) -> Batch:
+    def _render(self, report: _Reporter) -> Batch:
         batch = Batch()
         by_workload: dict[str, dict[int, RankDump]] = {}
         for state in sorted(self._states.values(), key=lambda s: (s.workload, s.rank)):
-            state.render(batch)
             if state.dump is not None:
                 by_workload.setdefault(state.workload, {})[state.rank] = RankDump(state.dump, state.written)
-        troubles: list[tuple[object, ...]] = []
-        for workload, dumps in sorted(by_workload.items()):
-            for gap in missing_ranks(dumps, self.grace):
-                batch.add(c.COLLECTIVE_MISSING_RANK, (workload, gap.pg, str(gap.rank), str(gap.seq), gap.op), 1)
-                troubles.append(("rank_missing", workload, gap.pg, gap.seq,
-                                 f"rank {gap.rank} missing from {gap.op} #{gap.seq} of pg {gap.pg}"))
+        gaps = [(workload, gap) for workload, dumps in sorted(by_workload.items())
+                for gap in missing_ranks(dumps, self.grace)]
+        room = self.max_series - _OWN_SERIES
+        shown = gaps[:max(room, 0)]
+        if len(gaps) - len(shown) != self._gaps_cut:
+            self._gaps_cut = len(gaps) - len(shown)
+            if self._gaps_cut:
+                log.warning("flight: %d missing-rank series left out: flight.max_series=%d is reached",
+                            self._gaps_cut, self.max_series)
+        room -= len(shown)
+        exported, withheld = self._within(room)
+        for state in exported:
+            state.render(batch)
+        for workload, gap in shown:
+            batch.add(c.COLLECTIVE_MISSING_RANK, (workload, gap.pg, str(gap.rank), str(gap.seq), gap.op), 1)
+        for state in withheld:
+            if self._withheld.get(state.path) != state.key:
+                self._withheld[state.path] = state.key
+                self.rejected["too_many_series"] += 1
+                report.reject(state.path, "too_many_series",
+                              f"its {state.series} series do not fit in flight.max_series={self.max_series} "
+                              "with those of more recently written dumps; not exported while that lasts")
+        troubles: list[tuple[object, ...]] = [
+            ("rank_missing", workload, gap.pg, gap.seq,
+             f"rank {gap.rank} missing from {gap.op} #{gap.seq} of pg {gap.pg}") for workload, gap in gaps]
         for state in self._states.values():
             oldest = max((state.oldest_inflight(pg) for pg in state.waiting), default=0.0)
             if oldest >= self.hang_after:
                 troubles.append(("hang", state.workload, state.rank, state.key,
                                  f"rank {state.rank} waits in a collective for {oldest:.0f}s"))
         self._act_on(troubles, by_workload)
+        exported_series = len(shown) + sum(state.series for state in exported)
         batch.add(c.FR_FILES, (), sum(1 for s in self._states.values() if s.dump is not None))
         for reason in REASONS:
             batch.add(c.FR_REJECTED, (reason,), self.rejected[reason])
+        batch.add(c.FR_SERIES, (), exported_series + _OWN_SERIES)
+        batch.add(c.FR_WITHHELD_FILES, (), len(withheld))
+        batch.add(c.FR_PARSER_DEATHS, (), self.parser_deaths)
         return batch
+
+    def _within(self, room: int) -> tuple[list[_RankState], list[_RankState]]:
+        """(exported, withheld): the ranks whose series fit in `room`, most recently written dump first; a rank
+        that does not fit is passed over and older ones may still fit. Exported ones in (workload, rank) order."""
+        exported, withheld = [], []
+        for state in sorted(self._states.values(), key=lambda s: (-s.written, s.workload, s.rank)):
+            if state.series <= room:
+                exported.append(state)
+                room -= state.series
+            else:
+                withheld.append(state)
+        exported.sort(key=lambda s: (s.workload, s.rank))
+        return exported, withheld
 
     def _act_on(self, troubles: list[tuple[object, ...]], by_workload: dict[str, dict[int, RankDump]]) -> None:
         """Ask each troubled workload's ranks on this node for captures, once per dump (hang) or gap (missing)."""

@@ -5,7 +5,12 @@ memory out of all proportion to a file (a 9-byte pickle asks for a 32 GiB memo t
 gh-115952, fixed only in late releases), and a crafted dump can make any parser spin. In the worker
 such a file exhausts only the worker: its address space is capped (RLIMIT_AS), it volunteers first
 for the OOM killer, a parse that runs past its time is killed, and a dead worker is restarted for the
-next file. The daemon counts the file as rejected and keeps serving.
+next file. The daemon keeps serving.
+
+Two endings are told apart. The worker that reaches its own memory limit says so itself (a MemoryError
+caught in `_serve`): the file is too_large. A worker that dies without a word (SIGKILL from the OOM
+killer, which it volunteers for, under memory pressure from anything on the node) says nothing about
+the file: `ParserDied` is raised, and the source tries the file again later (source.PARSER_TRIES).
 
 The worker also does the counting (`accounting.summarize`): what crosses back is a small summary,
 as plain tuples and dicts through `marshal`, not the 2,000 entries of a dump.
@@ -97,6 +102,22 @@ def _serve(conn: Connection, limit: int) -> None:
             return
 
 
+class ParserDied(Exception):
+    """The worker died without replying (killed by a signal, or it exited), or could not be started: nothing
+    is known of the file."""
+
+
+def _ending(code: int | None) -> str:
+    if code is None:
+        return "it stopped answering"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
 class ParseWorker:
     """The daemon's side: one worker process, started on first use and restarted when it dies.
 
@@ -109,6 +130,7 @@ class ParseWorker:
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
         self.restarts = 0
+        self.parsing: int | None = None  # the worker's pid while it holds a dump (the daemon waits on it)
 
     def _start(self) -> Connection:
         if self._conn is not None and self._process is not None and self._process.poll() is None:
@@ -128,9 +150,13 @@ class ParseWorker:
         return self._conn
 
     def summarize(self, data: bytes, prior: Prior) -> Summary:
-        """Parse and count one dump in the worker; raises Rejected for a bad file, whatever it did to
-        the worker."""
-        conn = self._start()
+        """Parse and count one dump in the worker. Raises Rejected for a bad file, whatever it did to the
+        worker, and ParserDied when the worker died without a reply (the file may be fine)."""
+        try:
+            conn = self._start()
+        except OSError as exc:  # fork or exec failing, under memory pressure too: the file is not at fault
+            raise ParserDied(f"the parser process could not start ({exc.strerror or exc})") from None
+        self.parsing = self._process.pid if self._process is not None else None
         try:
             conn.send_bytes(marshal.dumps((prior.counted_to, prior.last_seen, prior.timed)))
             conn.send_bytes(data)
@@ -139,10 +165,11 @@ class ParseWorker:
                 raise Rejected("corrupt", f"parsing it took longer than {self.timeout:g}s; the parser was stopped")
             reply = marshal.loads(conn.recv_bytes())
         except (EOFError, OSError, ValueError, TypeError):
-            code = self._process.poll() if self._process is not None else None
             self._stop()
-            raise Rejected("too_large", f"the parser process died while reading it (exit {code}: out of "
-                                        "memory?)") from None
+            code = self._process.returncode if self._process is not None else None
+            raise ParserDied(f"the parser process died while reading it ({_ending(code)})") from None
+        finally:
+            self.parsing = None
         if reply[0] == "ok":
             return decode(reply[1])
         if reply[1] == "too_large":
