@@ -115,9 +115,11 @@ INGEST_ACCEPTED = _m(
     ("type",))
 INGEST_REJECTED = _m(
     "goodput_ingest_rejected_requests_total", Kind.COUNTER, "",
-    "Event requests rejected whole, by reason: invalid (bad JSON, types, values, unknown phase), oversize "
-    "(body or batch too large), unauthorized (missing or wrong token), workload_cap, rank_cap, model_cap "
-    "(too many live workload and model pairs).",
+    "Event requests rejected whole, by reason: invalid (bad JSON, types, values, unknown phase), truncated (the "
+    "sender went away mid-body), oversize (body or batch too large), unauthorized (missing or wrong token), "
+    "not_owner (a workload another uid, pod or Slurm job owns), uid_cap (the sender's uid owns too many live "
+    "workloads, ranks or models: ingest.max_*_per_uid), workload_cap, rank_cap, model_cap (too many live "
+    "workloads, ranks, workload and model pairs on the node).",
     ("reason",))
 
 STATE_ERRORS = _m(

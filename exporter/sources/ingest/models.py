@@ -1,13 +1,18 @@
 """The wire format of POST /v1/events (step, phase, lifecycle, request and capture events), validated strictly:
 nothing half-applied, nothing guessed. An empty batch is valid: a rank polling for capture requests.
 
+Strict, with one exception: a whole number written as a float (`5.0`) is an integer, as JSON has it (JSON Schema
+counts 5.0 as an integer too); `5.5`, `"5"` and `true` are not. The responses' bodies are modelled too, for the
+OpenAPI schema the events server serves.
+
 The names, phases, lifecycle events and limits are the training client's wire contract
 (`goodput_client.contract`), imported, never restated.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import math
+from typing import Annotated, Any, Literal
 
 from goodput_client.contract import (
     CAPTURE_ID_PATTERN,
@@ -28,15 +33,28 @@ from goodput_client.contract import (
     WIRE_PHASES,
     WORKLOAD_PATTERN,
 )
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticKnownError
 
+
+def _whole(value: Any) -> Any:
+    """5.0 -> 5 (what JSON means by it), 5.5 refused as lax mode would; anything else is left for the strict
+    integer check to accept or refuse."""
+    if type(value) is float and math.isfinite(value):
+        if not value.is_integer():
+            raise PydanticKnownError("int_from_float")
+        return int(value)
+    return value
+
+
+WHOLE = BeforeValidator(_whole)  # after the bounds: they stay the integer's own (and JSON Schema's minimum...)
 Workload = Annotated[str, Field(pattern=WORKLOAD_PATTERN)]
-Rank = Annotated[int, Field(ge=0, lt=MAX_RANK)]
+Rank = Annotated[int, Field(ge=0, lt=MAX_RANK), WHOLE]
 Seconds = Annotated[float, Field(ge=0.0, le=MAX_SECONDS, allow_inf_nan=False)]
-Count = Annotated[int, Field(ge=0, le=MAX_COUNT)]
+Count = Annotated[int, Field(ge=0, le=MAX_COUNT), WHOLE]
 Phase = Literal[WIRE_PHASES]  # type: ignore[valid-type]
 Elapsed = Annotated[float, Field(ge=0.0, le=MAX_ELAPSED, allow_inf_nan=False)]
-StepNumber = Annotated[int, Field(ge=1, le=MAX_COUNT)]
+StepNumber = Annotated[int, Field(ge=1, le=MAX_COUNT), WHOLE]
 Flops = Annotated[float, Field(ge=0.0, le=MAX_FLOPS, allow_inf_nan=False)]
 Dtype = Literal[FLOPS_DTYPES]  # type: ignore[valid-type]
 Model = Annotated[str, Field(pattern=MODEL_PATTERN)]
@@ -74,7 +92,7 @@ class LifecycleEvent(_Timed):
     type: Literal["lifecycle"]
     event: Literal[LIFECYCLE_EVENTS]  # type: ignore[valid-type]
     started_at: Annotated[float, Field(gt=0.0, le=1e11, allow_inf_nan=False)] | None = None
-    resumed_from_step: Annotated[int, Field(ge=0, le=MAX_COUNT)] | None = None
+    resumed_from_step: Annotated[int, Field(ge=0, le=MAX_COUNT), WHOLE] | None = None
 
 
 class RequestEvent(_Event):
@@ -117,3 +135,38 @@ Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent | Captu
 class EventBatch(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     events: list[Event]
+
+
+# --- the responses ---
+
+class CaptureRequest(BaseModel):
+    """A capture the daemon asks the rank to make: profile `steps` steps and dump its flight recorder into `dir`,
+    then answer with capture events."""
+
+    id: str
+    workload: str
+    rank: int
+    kinds: list[Literal[CAPTURE_KINDS]]  # type: ignore[valid-type]
+    steps: int
+    dir: str
+
+
+class Accepted(BaseModel):
+    """200: every event was applied."""
+
+    accepted: int = Field(description="Events applied: all of the batch's.")
+    captures: list[CaptureRequest] | None = Field(
+        None, description="Capture requests waiting for the ranks that sent events or named themselves in the "
+        "query string; absent when none.")
+
+
+class Problem(BaseModel):
+    at: str = Field(description="Where in the body, e.g. events.3.step.duration_seconds.")
+    problem: str
+
+
+class Refused(BaseModel):
+    """Any 4xx: the request was refused whole and nothing of it was applied."""
+
+    error: str = Field(description="What was wrong, and what to do about it.")
+    details: list[Problem] | None = Field(None, description="The invalid fields (422), the first 20.")

@@ -1,5 +1,7 @@
 """Per (workload, rank) accumulators, and per (workload, model) ones for inference requests, with caps and
-expiry; the `ingest` source renders them."""
+expiry; the `ingest` source renders them. Each workload belongs to the sender of its first event (its uid, and its
+pod, Slurm job or container where known) for as long as it has live ranks: others are refused, and each owner's
+live workloads, ranks and models are capped below the node's caps."""
 
 from __future__ import annotations
 
@@ -9,8 +11,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACKED_PHASE
@@ -20,12 +22,15 @@ from . import metrics as c
 from .accounting import Account
 from .changepoint import StepTimeDetector
 from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
-from .peer import start_time
+from .peer import ROOT_UID, Sender, start_time
+from .settings import IngestConfig
 from .statefile import ERROR_REASONS, StateFile
 
 log = logging.getLogger(__name__)
 
 ENDED_GRACE = 60.0  # an ended rank's series stay this long, so the last scrape sees its final counts
+_PER_UID = {name: IngestConfig.model_fields[name].default
+            for name in ("max_workloads_per_uid", "max_ranks_per_uid", "max_models_per_uid")}
 
 
 class Rejected(Exception):
@@ -72,7 +77,9 @@ class _Rank:
 SHIFT_DIRECTIONS = {1: "up", -1: "down"}
 STEP_TIME_WINDOWS = ("last", "1m", "1h")
 SLO_OBJECTIVES = ("ttft", "tpot", "both")
-REJECT_REASONS = ("invalid", "oversize", "unauthorized", "workload_cap", "rank_cap", "model_cap")
+REJECT_REASONS = ("invalid", "truncated", "oversize", "unauthorized", "not_owner", "uid_cap", "workload_cap",
+                  "rank_cap", "model_cap")
+MAX_LOGGED_REFUSALS = 1024  # (sender, workload) pairs whose refusal was logged: each is logged once
 
 
 @dataclass
@@ -140,11 +147,22 @@ class IngestState:
                  clock: Callable[[], float] = time.time, proc_path: str = "/proc", *, max_models: int = 64,
                  step_history: int = 2000, restart_window: float = 21_600.0,
                  state_file: StateFile | None = None,
-                 detector: Callable[[], StepTimeDetector] = StepTimeDetector) -> None:
-        """`detector` makes each new rank's step-time change detector (ingest.shift_* settings)."""
+                 detector: Callable[[], StepTimeDetector] = StepTimeDetector,
+                 trusted_uids: Collection[int] = (), owner_by_cgroup: bool = True,
+                 max_workloads_per_uid: int = _PER_UID["max_workloads_per_uid"],
+                 max_ranks_per_uid: int = _PER_UID["max_ranks_per_uid"],
+                 max_models_per_uid: int = _PER_UID["max_models_per_uid"]) -> None:
+        """`detector` makes each new rank's step-time change detector (ingest.shift_* settings). The rest say who
+        may write which workload (the ingest settings of the same names, with their defaults): `trusted_uids` (and
+        root) may write any; other senders only those they own, within the per-uid caps."""
         self.max_workloads = max_workloads
         self.max_ranks = max_ranks
         self.max_models = max_models
+        self.trusted_uids = frozenset(trusted_uids) | {ROOT_UID}
+        self.owner_by_cgroup = owner_by_cgroup
+        self.max_workloads_per_uid = max_workloads_per_uid
+        self.max_ranks_per_uid = max_ranks_per_uid
+        self.max_models_per_uid = max_models_per_uid
         self.idle_timeout = idle_timeout
         self.step_history = step_history
         self.restart_window = restart_window
@@ -173,16 +191,76 @@ class IngestState:
         self._mixed_logged: set[int] = set()
         self.accepted: Counter[str] = Counter()
         self.rejected: Counter[str] = Counter()
+        # workload -> the sender of its first event (without its PID), while the workload has live ranks; a
+        # workload created without a sender (in-process callers) has none, and the next sender to write it owns it
+        self._owners: dict[str, Sender] = {}
+        self._refusals_logged: set[tuple[Sender, str]] = set()
 
     def reject(self, reason: str) -> None:
         with self._lock:
             self.rejected[reason] += 1
 
+    def trusted(self, sender: Sender) -> bool:
+        """Whether `sender` may write any workload: root and ingest.trusted_uids (never a TCP sender)."""
+        return sender.uid is not None and sender.uid in self.trusted_uids
+
+    def authorize(self, sender: Sender, workloads: Iterable[str]) -> None:
+        """Raise Rejected (not_owner, counted) if `sender` may not write one of `workloads`: for what a request
+        touches besides its events (capture answers, a poll for capture requests), which claims nothing."""
+        with self._lock:
+            self._check_owners(sender, set(workloads))
+
+    def _check_owners(self, sender: Sender, workloads: set[str]) -> None:
+        """Refuse (403) a batch that names a workload another sender owns; the caller holds the lock."""
+        if self.trusted(sender):
+            return
+        foreign = sorted(w for w in workloads
+                         if (owner := self._owners.get(w)) is not None
+                         and not owner.same_owner(sender, self.owner_by_cgroup))
+        if not foreign:
+            return
+        self.rejected["not_owner"] += 1
+        owner = self._owners[foreign[0]]
+        key = (replace(sender, pid=None), foreign[0])
+        if key not in self._refusals_logged:
+            if len(self._refusals_logged) >= MAX_LOGGED_REFUSALS:
+                self._refusals_logged.clear()
+            self._refusals_logged.add(key)
+            log.warning("ingest: %s%s sent events for workload %r, which belongs to %s; refused (403, not_owner; "
+                        "logged once per sender and workload)", sender,
+                        f" (PID {sender.pid})" if sender.pid else "", foreign[0], owner)
+        more = f" (and {len(foreign) - 1} more of this batch's)" if len(foreign) > 1 else ""
+        raise Rejected("not_owner", f"workload {foreign[0]!r}{more} belongs to {owner} on this node, not to you "
+                       f"({sender}): a workload belongs to the sender of its first event while it has live ranks; "
+                       "root and ingest.trusted_uids may write any", 403)
+
+    def _check_uid_caps(self, sender: Sender, claims: set[str], new: set[tuple[str, str]],
+                        new_models: set[tuple[str, str]]) -> None:
+        """Refuse (429) what would take `sender`'s uid past its caps; the caller holds the lock."""
+        if self.trusted(sender):
+            return
+        owned = {w for w, owner in self._owners.items() if owner.uid == sender.uid}
+        ranks = sum(w in owned for w, _ in self._ranks) if new else 0
+        models = sum(w in owned for w, _ in self._models) if new_models else 0
+        problem = None
+        if claims and len(owned) + len(claims) > self.max_workloads_per_uid:
+            problem = f"{len(owned)} live workloads (ingest.max_workloads_per_uid={self.max_workloads_per_uid})"
+        elif new and ranks + len(new) > self.max_ranks_per_uid:
+            problem = f"{ranks} live ranks (ingest.max_ranks_per_uid={self.max_ranks_per_uid})"
+        elif new_models and models + len(new_models) > self.max_models_per_uid:
+            problem = f"{models} live workload and model pairs (ingest.max_models_per_uid={self.max_models_per_uid})"
+        if problem is not None:
+            self.rejected["uid_cap"] += 1
+            who = "TCP senders (one owner together) already have" if sender.uid is None \
+                else f"uid {sender.uid} already has"
+            raise Rejected("uid_cap", f"{who} {problem} on this node", 429)
+
     def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent],
-              peer_pid: int | None = None) -> None:
-        """Apply every event or none (over a cap: Rejected, and nothing changed). `peer_pid`, the
-        sending process as the kernel names it, is remembered as declaring its events' identity (a
-        request event is activity of its workload and rank too)."""
+              peer_pid: int | None = None, sender: Sender | None = None) -> None:
+        """Apply every event or none (another's workload, over a cap: Rejected, and nothing changed). `peer_pid`,
+        the sending process as the kernel names it, is remembered as declaring its events' identity (a
+        request event is activity of its workload and rank too). `sender` (None: an in-process caller, which may
+        write anything and owns nothing) must own the events' workloads, and owns those it is first to write."""
         keys = {(e.workload, str(e.rank)) for e in events}
         models = {(e.workload, e.model) for e in events if isinstance(e, RequestEvent)}
         now = self._clock()
@@ -190,6 +268,12 @@ class IngestState:
         with self._lock:
             new = keys - self._ranks.keys()
             new_models = models - self._models.keys()
+            claims: set[str] = set()
+            if sender is not None:
+                workloads = {w for w, _ in keys}
+                self._check_owners(sender, workloads)
+                claims = workloads - self._owners.keys()
+                self._check_uid_caps(sender, claims, new, new_models)
             if new:
                 workloads = {w for w, _ in self._ranks}
                 new_workloads = {w for w, _ in new} - workloads
@@ -205,6 +289,10 @@ class IngestState:
                 self.rejected["model_cap"] += 1
                 raise Rejected("model_cap", f"this node already tracks {len(self._models)} workload and model "
                                f"pairs (ingest.max_models={self.max_models})", 429)
+            if sender is not None and claims:
+                owner = replace(sender, pid=None)  # the PID is the connection's, not the owner's
+                for workload in claims:
+                    self._owners[workload] = owner
             for key in new:
                 self._ranks[key] = _Rank(self._account(key, now), self._detector())
             for key in new_models:
@@ -370,6 +458,9 @@ class IngestState:
                 del self._models[key]
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
                 del self._declared[pid]  # its rank expired or ended: no ghost attribution
+            live = {w for w, _ in self._ranks}
+            for workload in [w for w in self._owners if w not in live]:
+                del self._owners[workload]  # its last rank expired or ended: anyone may start it anew
             for key, rank in sorted(self._ranks.items()):
                 batch.add(c.STEP_DURATION, key, rank.durations.rendered())
                 summaries = rank.detector.summaries(now)
