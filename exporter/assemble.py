@@ -8,6 +8,7 @@ from typing import Any
 from .config import Config
 from .core.daemon import Daemon, Scheduled
 from .core.gpus import NodeGpus
+from .core.http import OPEN_FILES
 from .sources import SOURCES
 from .sources.base import Node
 from .sources.fabric.backends import simulated_fabric
@@ -33,6 +34,6 @@ def build_daemon(config: Config, backend: Any = None, dcgm_backend: Any = None, 
                                    settings.min_interval, settings.max_interval))
     faults = fault_schedule(node.gpu_backend, config.simulate, node.fabric)
     daemon = Daemon(scheduled, node.gpu_backend.name, order=[spec.name for spec in SOURCES],
-                    on_start=[faults] if faults else [])
+                    on_start=[faults] if faults else [], http_servers=lambda: OPEN_FILES.servers)
     node.boost = lambda seconds: [daemon.boost(name, seconds) for name in daemon.runners]
     return daemon

@@ -4,6 +4,10 @@ The runtime has three commands of its own (`captures` lists the daemon's capture
 (the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`, `config-doc`, `diagnose`) add theirs through the
 `goodput_exporter.commands` entry points, so they work wherever the mixin is installed and the runtime never
 imports it.
+
+`serve` exits with 0 when stopped (SIGTERM, SIGINT), EXIT_LISTEN_FAILED (1) when web.listen_address cannot be bound,
+EXIT_CONFIG (2) on a configuration error, and EXIT_SOCKET_IN_USE (3) when the events socket (ingest.socket_path) is
+served by a running process, another daemon most likely: it is never replaced.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import logging
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from importlib.metadata import EntryPoint, entry_points
@@ -20,9 +25,16 @@ from typing import Any
 
 from . import __version__
 from .config import Config, ConfigError, flag_name, load, settable_keys
+from .core.daemon import StartRefused
 from .core.http import bind
 
 log = logging.getLogger("exporter")
+
+EXIT_LISTEN_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_SOCKET_IN_USE = 3
+EXIT_STATUS = (f"exit status: 0 stopped, {EXIT_LISTEN_FAILED} web.listen_address cannot be bound, {EXIT_CONFIG} "
+               f"configuration error, {EXIT_SOCKET_IN_USE} the events socket is served by a running process")
 
 BUILTIN = ("serve", "version", "captures")
 TOOLS_GROUP = "goodput_exporter.commands"
@@ -35,6 +47,7 @@ def _serve_parser() -> argparse.ArgumentParser:
         prog="goodput-exporter serve",
         description="Run the node daemon. Every flag mirrors a config key (see docs/configuration.md).",
         argument_default=argparse.SUPPRESS,
+        epilog=EXIT_STATUS,
     )
     parser.add_argument("--config", metavar="FILE", help="YAML config file (also GOODPUT_CONFIG)")
     parser.add_argument("--simulate", metavar="N", dest="simulate.gpus",
@@ -82,27 +95,32 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 
 def serve(config: Config) -> int:
-    import uvicorn
-
     from .assemble import build_daemon
-    from .core.http import QuietServer, create_app
+    from .core.http import ServerLimits, create_app, make_server, raise_open_files_limit
 
     setup_logging(config.log.level, config.log.format)
+    raise_open_files_limit()  # before anything opens a file: the servers' connection budget is taken from it
     daemon = build_daemon(config)  # may raise ConfigError (e.g. an unreadable token file): before any bind
     try:
         sock = bind(config.web.listen_address)
     except OSError as exc:
         log.error("%s", exc)
-        return 1
-    daemon.start()
+        return EXIT_LISTEN_FAILED
+    try:
+        daemon.start()
+    except StartRefused as exc:
+        sock.close()
+        log.error("%s", exc)
+        return EXIT_SOCKET_IN_USE
     host, port = sock.getsockname()[:2]
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     shown = f"[{shown}]" if ":" in shown else shown
     log.info("goodput-exporter %s serving on http://%s:%d/ (metrics: http://%s:%d/metrics)",
              __version__, shown, port, shown, port)
-    server = QuietServer(uvicorn.Config(
-        create_app(daemon), log_config=None, access_log=False, lifespan="off",
-        http="httptools", loop="auto", timeout_keep_alive=75))
+    # once the server starts shutting down, the sources (the events server among them) stop alongside its
+    # graceful shutdown, not after it: SIGTERM takes the longer of the two shutdown timeouts, not their sum
+    server = make_server(create_app(daemon), "metrics", ServerLimits.of(config.web),
+                         on_exit=lambda: threading.Thread(target=daemon.stop, name="stop", daemon=True).start())
     started = time.monotonic()
     # uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal against the handlers
     # that were in place before it started; these turn that into a clean exit through `finally`.
@@ -111,7 +129,7 @@ def serve(config: Config) -> int:
     try:
         server.run(sockets=[sock])
     finally:
-        daemon.stop()
+        daemon.stop()  # or wait for the stop that on_exit began
         log.info("stopped after %.0fs", time.monotonic() - started)
     return 0
 
@@ -183,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return serve(parse_serve_args(argv))
     except ConfigError as exc:
         print(f"goodput-exporter: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_CONFIG
 
 
 if __name__ == "__main__":

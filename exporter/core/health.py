@@ -32,5 +32,15 @@ BUILD_INFO = _m(
     "goodput_exporter_build_info", Kind.INFO, "",
     "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",
     ("version", "python_version", "gpu_backend"))
+HTTP_CONNECTIONS = _m(
+    "goodput_exporter_http_connections", Kind.GAUGE, "",
+    "Connections open on the exporter's HTTP server: metrics (/metrics and the probes) or events (the ingest API).",
+    ("server",))
+HTTP_CONNECTIONS_CLOSED = _m(
+    "goodput_exporter_http_connections_closed_total", Kind.COUNTER, "",
+    "Connections the server closed by a limit, by reason: evicted (the oldest idle one of the peer holding the most, "
+    "to make room for a new one), refused (503: max_connections open and none idle), header_too_large (431), "
+    "idle_timeout (no whole request within keep_alive_timeout of opening or of the last response, or a response "
+    "left unread that long).", ("server", "reason"))
 
 METRICS = _m.metrics

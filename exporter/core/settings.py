@@ -88,6 +88,20 @@ class WebConfig(Section):
     listen_address: str = Field(
         f"0.0.0.0:{DEFAULT_PORT}",
         description="Address the HTTP server (/metrics, /healthz, /readyz) binds.")
+    max_connections: int = Field(
+        256, ge=1, le=1_000_000, description="Most connections the HTTP server keeps open. A connection over it "
+        "closes the oldest idle one of the client (address) holding the most, or is answered 503 when none is idle; "
+        "all servers together also leave 256 of the open-files limit to the sources.")
+    keep_alive_timeout: Duration = Field(
+        75.0, description="A connection that has not sent a whole request this long after it opened or after its "
+        "last response is closed: idle keep-alive connections (keep it above the scrape interval to reuse them), "
+        "slow senders, clients that stopped reading.")
+    max_header_bytes: int = Field(
+        65_536, ge=1024, le=2**30, description="Largest request line and headers accepted; a larger request is "
+        "answered 431 and its connection closed.")
+    shutdown_timeout: Duration = Field(
+        5.0, description="On SIGTERM, how long requests in progress and responses still being sent get to finish "
+        "before their connections are cut.")
 
     @field_validator("listen_address")
     @classmethod

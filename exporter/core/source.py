@@ -28,5 +28,10 @@ class Source(Protocol):
         """Collect once. Raise SourceError (or anything) to mark the source down."""
         ...
 
+    def not_ready(self) -> str | None:
+        """Why the source cannot do all its work yet although it collects (its events server still waits for an
+        address, say), or None when it can. /readyz answers 503 and names the reason meanwhile."""
+        return None
+
     def close(self) -> None:
         """Release what the source holds (connections, worker processes, servers)."""

@@ -24,6 +24,26 @@ class IngestConfig(SourceConfig):
         "", description="File holding a bearer token that event requests must present; empty: no token.")
     max_body_bytes: int = Field(4 * 2**20, ge=1024, description="Largest request body accepted.")
     max_batch_events: int = Field(10_000, ge=1, description="Most events in one request.")
+
+    # --- the events server's connections (as the web server's: see exporter/core/http.py) ---
+    max_connections: int = Field(
+        1024, ge=1, le=1_000_000, description="Most connections the events server keeps open (a rank's client keeps "
+        "one). A connection over it closes the oldest idle one of the sender (uid; TCP address) holding the most, or "
+        "is answered 503 when none is idle.")
+    keep_alive_timeout: Duration = Field(
+        5.0, description="A connection to the events server that has not sent a whole request this long after it "
+        "opened or after its last response is closed (the client opens a new one for its next batch).")
+    max_header_bytes: int = Field(
+        65_536, ge=1024, le=2**30, description="Largest request line and headers the events server accepts; a "
+        "larger request is answered 431 and its connection closed.")
+    shutdown_timeout: Duration = Field(
+        5.0, description="On SIGTERM, how long event requests in progress get to finish before their connections "
+        "are cut.")
+    listen_retry_interval: Duration = Field(
+        30.0, description="When listen_address cannot be bound (the port is taken), it is tried again after 1s, then "
+        "twice as long each time up to this; meanwhile /readyz answers 503 naming it, and events are accepted on "
+        "the Unix socket.")
+
     max_workloads: int = Field(32, ge=1, description="Live workloads kept on this node; more are rejected.")
     max_ranks: int = Field(
         512, ge=1, description="Live (workload, rank) pairs kept on this node; more are rejected.")
@@ -44,6 +64,28 @@ class IngestConfig(SourceConfig):
     idle_timeout: Duration = Field(
         600.0, description="A rank (or a workload's model) that reports nothing for this long has its series "
         "removed.")
+
+    # --- who may write which workload (the README's Security section) ---
+    trusted_uids: list[str] = Field(
+        [], description="Uids (numbers, comma-separated in a flag or variable) that may send events for any "
+        "workload, besides root (uid 0), which always may: e.g. a relay that reports for other users' jobs. Any "
+        "other sender on the Unix socket may write only the workloads it owns: those it sent the first event of "
+        "and whose series are still live.")
+    owner_by_cgroup: bool = Field(
+        True, description="A workload belongs to the pod, Slurm job or container of its first sender as well as to "
+        "its uid, where the daemon can read the sender's /proc/PID/cgroup: events from another pod, job or "
+        "container of the same uid are refused. Turn off for jobs that report one workload from several pods on "
+        "one node.")
+    max_workloads_per_uid: int = Field(
+        8, ge=1, description="Live workloads one uid may own on this node (all TCP senders count as one uid; "
+        "trusted uids only count against ingest.max_workloads); more are rejected.")
+    max_ranks_per_uid: int = Field(
+        128, ge=1, description="Live (workload, rank) pairs in the workloads one uid owns on this node (all TCP "
+        "senders count as one uid; trusted uids only count against ingest.max_ranks); more are rejected.")
+    max_models_per_uid: int = Field(
+        16, ge=1, description="Live (workload, model) pairs of inference requests in the workloads one uid owns on "
+        "this node (all TCP senders count as one uid; trusted uids only count against ingest.max_models); more are "
+        "rejected.")
 
     shift_threshold: float = Field(
         DEFAULT_THRESHOLD, gt=0, le=1000,
@@ -105,6 +147,22 @@ class IngestConfig(SourceConfig):
             raise ValueError(f"unknown trigger(s) {', '.join(map(repr, unknown))}; "
                              f"known: {', '.join(CAPTURE_TRIGGERS)}")
         return list(dict.fromkeys(value))
+
+    @field_validator("trusted_uids", mode="before")
+    @classmethod
+    def _uids_as_text(cls, value: object) -> object:
+        """A YAML list of numbers is as good as one of strings."""
+        if not isinstance(value, list):
+            return value
+        return [str(item) if isinstance(item, int) and not isinstance(item, bool) else item for item in value]
+
+    @field_validator("trusted_uids")
+    @classmethod
+    def _check_uids(cls, value: list[str]) -> list[str]:
+        for uid in value:
+            if not uid.isascii() or not uid.isdigit() or int(uid) >= 2**32 - 1:
+                raise ValueError(f"{uid!r} is not a uid (a whole number below 4294967295)")
+        return list(dict.fromkeys(str(int(uid)) for uid in value))
 
     @field_validator("listen_address")
     @classmethod

@@ -38,7 +38,12 @@ class IngestSource(Source):
                             restart_window=settings.restart_window,
                             state_file=StateFile(settings.state_dir) if settings.state_dir else None,
                             detector=partial(StepTimeDetector, threshold=settings.shift_threshold,
-                                             min_ratio=settings.shift_min_ratio, warmup=settings.shift_warmup))
+                                             min_ratio=settings.shift_min_ratio, warmup=settings.shift_warmup),
+                            trusted_uids={int(uid) for uid in settings.trusted_uids},
+                            owner_by_cgroup=settings.owner_by_cgroup,
+                            max_workloads_per_uid=settings.max_workloads_per_uid,
+                            max_ranks_per_uid=settings.max_ranks_per_uid,
+                            max_models_per_uid=settings.max_models_per_uid)
         captures = Captures.from_settings(settings) if settings.capture_dir else None
         if captures is not None and not settings.capture_workloads:
             log.warning("ingest: capture_dir is set but capture_workloads names no workload; nothing is captured")
@@ -52,6 +57,11 @@ class IngestSource(Source):
         except OSError as exc:  # metrics keep being served; collect() reports why this source is down
             log.error("ingest: %s; training jobs cannot report to this node", exc)
             self.listen_error = str(exc)
+
+    def not_ready(self) -> str | None:
+        """Why training jobs cannot yet report everywhere they should (None: they can): the events server still
+        tries to bind ingest.listen_address."""
+        return self.server.not_ready() if self.server is not None else None
 
     def collect(self) -> Batch:
         if self.listen_error is not None:
