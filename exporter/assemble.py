@@ -6,9 +6,9 @@ import logging
 from typing import Any
 
 from .config import Config
+from .core.connections import OPEN_FILES
 from .core.daemon import Daemon, Scheduled
 from .core.gpus import NodeGpus
-from .core.http import OPEN_FILES
 from .sources import SOURCES
 from .sources.base import Node
 from .sources.fabric.backends import simulated_fabric

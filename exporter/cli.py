@@ -96,7 +96,8 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 def serve(config: Config) -> int:
     from .assemble import build_daemon
-    from .core.http import ServerLimits, create_app, make_server, raise_open_files_limit
+    from .core.connections import ServerLimits, raise_open_files_limit
+    from .core.http import create_app, make_server
 
     setup_logging(config.log.level, config.log.format)
     raise_open_files_limit()  # before anything opens a file: the servers' connection budget is taken from it

@@ -61,7 +61,7 @@ class Daemon:
                  http_servers: Callable[[], Sequence[Any]] = tuple) -> None:
         """`order`: source names in the order their series are rendered (the registry's); `on_start`: called
         with the daemon's stop event once the sources run (the simulator's fault schedule); `http_servers`: the HTTP
-        servers' connection counts (`core.http.Connections`: name, open, closed), published with the sources'
+        servers' connection counts (`core.connections.Connections`: name, open, closed), published with the sources'
         health."""
         self.backend_name = backend_name
         self._http_servers = http_servers

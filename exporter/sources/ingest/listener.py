@@ -13,7 +13,8 @@ import os
 import socket
 from pathlib import Path
 
-from ...core.http import ServerLimits, ServerThread, bind, unix_socket
+from ...core.connections import ServerLimits
+from ...core.http import ServerThread, bind, unix_socket
 from ...core.settings import ConfigError
 from .app import create_ingest_app
 from .captures import Captures
