@@ -23,6 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adaptive
 import attribution
+import backend_cost
 import changepoint
 import client_ingest
 import cpu_split
@@ -31,6 +32,7 @@ import fabric_collect
 import flight_parse
 import idle_accuracy
 import rules_scale
+import server_limits
 from serving import free_port, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -202,11 +204,13 @@ def main() -> None:
     dcgm = dcgm_parse.run()
     fabric = fabric_collect.run()
     scale = rules_scale.run()
+    cost = backend_cost.run()
+    limits = server_limits.run()
     attributed = attribution.run()
     adapted = adaptive.run()
     steps = changepoint.run()
-    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, fabric, scale, attributed,
-          adapted, steps)
+    write(rows, splits, accuracy, client_costs, throughput, imported, flight, dcgm, fabric, scale, cost, attributed,
+          adapted, steps, limits)
     print(f"wrote {RESULTS.relative_to(ROOT)}")
 
 
@@ -287,8 +291,8 @@ def dcgm_markdown(costs: list[dcgm_parse.Result], latencies: list[dcgm_parse.Lat
 def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client_costs: tuple[float, float],
           throughput: float, imported: int, flight: list[flight_parse.Result],
           dcgm: tuple[list[dcgm_parse.Result], list[dcgm_parse.Latency]], fabric: fabric_collect.Result,
-          scale: rules_scale.Result, attributed: attribution.Result, adapted: adaptive.Result,
-          steps: changepoint.Result) -> None:
+          scale: rules_scale.Result, cost: backend_cost.Result, attributed: attribution.Result,
+          adapted: adaptive.Result, steps: changepoint.Result, limits: server_limits.Result) -> None:
     lines = [
         "# Benchmark results",
         "",
@@ -351,51 +355,12 @@ def write(rows: list, splits: list, accuracy: list[idle_accuracy.Result], client
             f"{r.safe_ms:.0f} ms | {r.ratio:.2f} | {r.paused_ratio:.2f} | {r.source_ms:.0f} ms |")
     lines += dcgm_markdown(*dcgm)
     lines += fabric_collect.markdown(fabric)
-    lines += [
-        "",
-        "## Rules at cluster scale",
-        "",
-        f"Synthetic history of {rules_scale.NODES * rules_scale.GPUS_PER_NODE:,} GPUs ({rules_scale.NODES:,} nodes, "
-        "DCGM ratios on every GPU), "
-        f"{rules_scale.WORKLOADS} workloads x {rules_scale.RANKS} ranks (with their attribution info series) "
-        f"and {sum(rules_scale.SERVING.values()):,} serving pods ("
-        + ", ".join(f"{count:,} {rules_scale.TITLES[name]}" for name, count in rules_scale.SERVING.items())
-        + f"; {rules_scale.MODELS} models; {scale.serving_gpus:,} of the GPUs, by their pod info series): "
-        f"{scale.series:,} series, {scale.samples:,} samples over {rules_scale.HISTORY // 60} minutes,",
-        f"one a minute but for the last {rules_scale.RECENT // 60} at a {rules_scale.SCRAPE} s scrape, plus the "
-        "short-window series the long rules average, over the longest window each is read over (1h; the inference "
-        f"SLO series 6h; every {rules_scale.EVAL_INTERVAL} s, as recorded), "
-        "loaded with `promtool tsdb create-blocks-from openmetrics` "
-        "(details in `bench/rules_scale.py`).",
-        "Evaluation time is Prometheus's own (`evaluationTime` of /api/v1/rules), rules/ as shipped, "
-        f"every {rules_scale.EVAL_INTERVAL} s (the slow groups every 1m): the first evaluation,",
-        "on blocks read cold from disk, apart; then the median and worst of the last "
-        f"{rules_scale.EVALUATIONS - rules_scale.COLD} "
-        f"(of the slow groups, the last {rules_scale.SLOW_EVALUATIONS - 1}). Target: < 1 s per evaluation. "
-        "All groups share the machine's 2 cores.",
-        "",
-        "| group | evaluated every | rules | first evaluation | then median | then worst | its slowest rule (median) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name, (first, median, worst, count) in scale.groups.items():
-        every = "1m" if name in scale.slow else f"{rules_scale.EVAL_INTERVAL} s"
-        rule, rule_median = scale.slowest(name)
-        lines.append(f"| `{name}` | {every} | {count} | {first * 1000:.0f} ms | {median * 1000:.0f} ms | "
-                     f"{worst * 1000:.0f} ms | `{rule}` ({rule_median * 1000:.0f} ms) |")
-    busy = sum(median * (1 if name in scale.slow else 60 / rules_scale.EVAL_INTERVAL)
-               for name, (_, median, _, _) in scale.groups.items())
-    lines += ["", f"Rule evaluation in all, from those medians: {busy:.1f} s a minute of group time (the machine has "
-              "120 core-seconds a minute)."]
-    lines += [
-        "",
-        f"Series per GPU of one daemon with 8 simulated GPUs at default settings: {scale.per_gpu_series:.1f} "
-        f"with a `gpu` label (target <= 60), {scale.per_gpu_total:.1f} counting every series of the daemon "
-        "(self-metrics, process and host series included).",
-        "",
-    ]
+    lines += ["", *rules_scale.markdown(scale)]
+    lines += backend_cost.markdown(cost)
     lines += attribution.markdown(attributed)
     lines += adaptive.markdown(adapted)
     lines += changepoint.markdown(steps)
+    lines += server_limits.markdown(limits)
     RESULTS.write_text("\n".join(lines))
 
 
