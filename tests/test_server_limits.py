@@ -69,6 +69,15 @@ class Daemon:
         self.wait_serving()
         wait_for(lambda: (r := get(f"{self.url}/readyz")) is not None and r.status_code == 200, timeout=60)
 
+    def open_files(self) -> int:
+        """The daemon's open files now; a daemon that died says why (its output) rather than leaving psutil to."""
+        try:
+            return psutil.Process(self.proc.pid).num_fds()
+        except psutil.NoSuchProcess:
+            self.proc.wait(10)
+            raise AssertionError(f"the daemon exited with {self.proc.returncode}: "
+                                 f"{self.proc.stdout.read()[-5000:]}") from None  # type: ignore[union-attr]
+
     def metrics(self) -> str:
         response = httpx.get(f"{self.url}/metrics", timeout=10)
         assert response.status_code == 200
@@ -128,12 +137,11 @@ def unix(path: str) -> Callable[[], socket.socket]:
 def test_idle_connections_neither_starve_scrapes_nor_events_nor_pile_up(spawn_cli) -> None:  # type: ignore[no-untyped-def]
     daemon = Daemon(spawn_cli, "--web.max-connections", str(CAP), "--ingest.max-connections", str(CAP))
     daemon.wait_ready()
-    pid = daemon.proc.pid
     with held(tcp(daemon.port), IDLE) as web_idle, held(unix(daemon.socket), IDLE) as events_idle:
         # the daemon has taken every one of them in: all but the CAP it keeps are closed (the oldest idle first)
         wait_for(lambda: closed_by_server(web_idle) >= IDLE - CAP and closed_by_server(events_idle) >= IDLE - CAP,
                  timeout=60)
-        assert psutil.Process(pid).num_fds() < IDLE // 2  # nowhere near the 2 x IDLE opened
+        assert daemon.open_files() < IDLE // 2  # nowhere near the 2 x IDLE opened
 
         with httpx.Client(base_url=daemon.url, timeout=10) as scraper:  # keep-alive, as Prometheus scrapes
             statuses = [scraper.get("/metrics").status_code for _ in range(20)]
@@ -142,7 +150,7 @@ def test_idle_connections_neither_starve_scrapes_nor_events_nor_pile_up(spawn_cl
             response = client.post("/v1/events", json={"events": [step("under-siege")]})
         assert response.status_code == 200, response.text
         wait_for(lambda: value(daemon.metrics(), "goodput_steps_total", workload="under-siege", rank="0") == 1)
-        assert psutil.Process(pid).num_fds() < IDLE // 2
+        assert daemon.open_files() < IDLE // 2
     output = daemon.stop()
     assert "metrics server: connection evicted" in output and "events server: connection evicted" in output, output
     assert daemon.proc.returncode == 0
@@ -160,7 +168,7 @@ def test_within_a_low_open_files_limit_connections_leave_room_for_the_sources() 
         with held(tcp(daemon.port), IDLE) as web_idle, held(unix(daemon.socket), IDLE) as events_idle:
             wait_for(lambda: closed_by_server(web_idle) + closed_by_server(events_idle) >= 2 * IDLE - hard,
                      timeout=60)
-            assert psutil.Process(daemon.proc.pid).num_fds() < hard
+            assert daemon.open_files() < hard
             time.sleep(1.0)  # a few collections with the connections held
             text = daemon.metrics()
             assert {source: value(text, "goodput_exporter_source_up", source=source)
