@@ -376,13 +376,11 @@ def fleet(t0: int) -> list[Series]:
             f.gauge(target, "goodput_gpu_pcie_link_generation", g,
                     present(lambda s, n=node, i=gpu: 3.0 if (n, i) == (0, 1) else
                             (1.0 if idle(n, i, s) >= 0.99 else 5.0)))
-            for link in ("0", "1"):
-                for error_type in ("crc_flit", "crc_data", "replay", "recovery"):
-                    bad = (node, gpu, link) == (2, 1, "0") and error_type in ("crc_flit", "replay")
-                    rate = (220.0 if error_type == "crc_flit" else 0.05) if bad else 0.0
-                    f.counter(target, "goodput_gpu_nvlink_errors_total",
-                              {**g, "link": link, "error_type": error_type},
-                              present(lambda s, rate=rate: rate if s >= 20 * 60 else 0.0), integer=True)
+            for error_type in ("crc_flit", "crc_data", "replay", "recovery"):  # the GPU's links together
+                bad = (node, gpu) == (2, 1) and error_type in ("crc_flit", "replay")
+                rate = (220.0 if error_type == "crc_flit" else 0.05) if bad else 0.0
+                f.counter(target, "goodput_gpu_nvlink_errors_total", {**g, "error_type": error_type},
+                          present(lambda s, rate=rate: rate if s >= 20 * 60 else 0.0), integer=True)
             if (node, gpu) == (0, 4):
                 f.gauge(target, "goodput_gpu_numa_mismatch", {**g, "pid": "4242"}, lambda s: 1.0)
             # DCGM: per GPU, node2's GPU 7 in MIG mode with two GPU instances

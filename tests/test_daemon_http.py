@@ -51,6 +51,8 @@ def test_metrics_formats_and_gzip() -> None:
         assert plain.headers["content-type"].startswith("text/plain; version=0.0.4")
         assert "content-encoding" not in plain.headers
         assert len(series(plain.text, "goodput_gpu_up")) == 8
+        assert len(series(plain.text, "goodput_gpu_nvlink_errors_total")) == 8 * 4  # per GPU, by error_type
+        assert series(plain.text, "goodput_gpu_nvlink_link_errors_total") == []  # nvml.nvlink_per_link is off
         assert "process_cpu_seconds_total" in plain.text
         assert value(plain.text, "goodput_exporter_build_info", gpu_backend="simulated") == 1
 
@@ -73,7 +75,7 @@ def test_metrics_formats_and_gzip() -> None:
 
 def test_promtool_check_metrics_has_no_findings(tmp_path) -> None:  # type: ignore[no-untyped-def]
     backend = sim8()
-    with live_server(quick_config(), backend=backend) as live:
+    with live_server(quick_config(nvml={"nvlink_per_link": True}), backend=backend) as live:
         backend.inject_xid(2, 79)
         backend.inject_ecc(3, 2, uncorrected=True)
         backend.enable_mig(4, ["3g.40gb", "3g.40gb"])
@@ -84,8 +86,12 @@ def test_promtool_check_metrics_has_no_findings(tmp_path) -> None:  # type: igno
         text = live.metrics()
     for family in ("goodput_gpu_mig_info", "goodput_gpu_process_memory_used_bytes",
                    "goodput_gpu_numa_mismatch", "goodput_host_process_cpu_seconds_total",
-                   "goodput_gpu_nvlink_receive_bytes_total", "goodput_exporter_source_up"):
+                   "goodput_gpu_nvlink_receive_bytes_total", "goodput_gpu_nvlink_link_errors_total",
+                   "goodput_exporter_source_up"):
         assert series(text, family), family
+    # nvml.nvlink_per_link: each simulated H100's 18 links, besides its totals
+    assert len([s for s in series(text, "goodput_gpu_nvlink_link_transmit_bytes_total") if s["gpu"] == "0"]) == 18
+    assert len([s for s in series(text, "goodput_gpu_nvlink_transmit_bytes_total") if s["gpu"] == "0"]) == 1
     result = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.strip() == "" and result.stderr.strip() == "", result.stdout + result.stderr

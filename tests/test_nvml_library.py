@@ -239,10 +239,13 @@ def test_health_series_through_pynvml_in_base_units(libnvml: FakeLibNvml) -> Non
     assert series(text, "goodput_gpu_retired_pages_pending") == []
     assert len(libnvml.called("nvmlDeviceGetRetiredPages")) == 2  # once per cause, in the first collection
     assert len(libnvml.called("nvmlDeviceGetRetiredPagesPendingStatus")) == 1
-    # the active link only, each counter by NVML's own id
-    errors = {(s["link"], s["error_type"]): value(text, "goodput_gpu_nvlink_errors_total", **s)
+    # the active link only (link 1 is not), each counter by NVML's own id, summed per GPU
+    errors = {s["error_type"]: value(text, "goodput_gpu_nvlink_errors_total", **s)
               for s in series(text, "goodput_gpu_nvlink_errors_total")}
-    assert errors == {("0", "replay"): 5, ("0", "recovery"): 1, ("0", "crc_flit"): 40, ("0", "crc_data"): 2}
+    assert errors == {"replay": 5, "recovery": 1, "crc_flit": 40, "crc_data": 2}
+    assert series(text, "goodput_gpu_nvlink_transmit_bytes_total") == [gpu]
+    assert value(text, "goodput_gpu_nvlink_transmit_bytes_total", **gpu) == 1000 * 1024  # link 0's KiB counter
+    assert value(text, "goodput_gpu_nvlink_receive_bytes_total", **gpu) == 1000 * 1024
     assert {(args[1], args[2]) for args in libnvml.called("nvmlDeviceGetNvLinkErrorCounter")} == {
         (0, pynvml.NVML_NVLINK_ERROR_DL_REPLAY), (0, pynvml.NVML_NVLINK_ERROR_DL_RECOVERY),
         (0, pynvml.NVML_NVLINK_ERROR_DL_CRC_FLIT), (0, pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA)}

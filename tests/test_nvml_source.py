@@ -25,10 +25,10 @@ from exporter.sources.nvml.simulated import Pattern, SimulatedGpus, schedule_fau
 from exporter.sources.nvml.source import LINK_ERRORS_EVERY, NvmlSource
 
 
-def setup(count: int = 2, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
+def setup(count: int = 2, per_link: bool = False, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
     clock = ManualClock()
     sim = SimulatedGpus(count, clock=clock, **sim_args)  # type: ignore[arg-type]
-    return clock, sim, NvmlSource(sim, clock=clock)
+    return clock, sim, NvmlSource(sim, clock=clock, nvlink_per_link=per_link)
 
 
 def scrape(source: NvmlSource, renderer: Renderer | None = None) -> str:
@@ -52,7 +52,11 @@ def test_every_gpu_reports_identity_and_core_series() -> None:
         assert value(text, name, gpu="0", uuid=uuid) is not None, name
     assert len(series(text, "goodput_gpu_clock_throttle_seconds_total")) == 3 * 6
     assert {s["error_type"] for s in series(text, "goodput_gpu_ecc_errors_total")} == {"corrected", "uncorrected"}
-    assert len([s for s in series(text, "goodput_gpu_nvlink_transmit_bytes_total") if s["gpu"] == "0"]) == 18
+    # NVLink: per GPU, summed over its 18 links (per link only with nvml.nvlink_per_link)
+    assert [s for s in series(text, "goodput_gpu_nvlink_transmit_bytes_total") if s["gpu"] == "0"] == [
+        {"gpu": "0", "uuid": uuid}]
+    assert len([s for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"]) == 4
+    assert series(text, "goodput_gpu_nvlink_link_transmit_bytes_total") == []
     # per-GPU series all carry gpu and uuid
     for _name, labels in samples(text):
         assert {"gpu", "uuid"} <= {k for k, _ in labels}
@@ -204,7 +208,11 @@ def test_unsupported_fields_are_absent_and_asked_once() -> None:
     assert [s for s in series(text, "goodput_gpu_ecc_errors_total") if s["gpu"] == "0"] == []
     assert value(text, "goodput_gpu_pcie_transmit_bytes_total", gpu="0") is None
     assert value(text, "goodput_gpu_pcie_receive_bytes_total", gpu="0") is not None
-    assert [s for s in series(text, "goodput_gpu_nvlink_transmit_bytes_total") if s["gpu"] == "0"] == []
+    # no link count (field 91): no active link, no NVLink series at all
+    for name in ("goodput_gpu_nvlink_transmit_bytes_total", "goodput_gpu_nvlink_receive_bytes_total",
+                 "goodput_gpu_nvlink_errors_total"):
+        assert [s for s in series(text, name) if s["gpu"] == "0"] == [], name
+        assert [s for s in series(text, name) if s["gpu"] == "1"] != [], name
     assert calls["n"] == 5 + 1  # GPU 0 asked once, GPU 1 every time
 
 
@@ -448,11 +456,11 @@ def test_a_healthy_h100_reports_memory_pcie_and_nvlink_health_in_base_units() ->
     assert {s["cause"] for s in series(text, "goodput_gpu_retired_pages_total") if s["gpu"] == "0"} == \
         {"single_bit", "double_bit"}
     assert value(text, "goodput_gpu_retired_pages_pending", gpu="0") == 0
-    # every active link (18 on an H100), each of the four data-link counters
+    # each of the four data-link counters, summed over the GPU's active links (18 on an H100)
     errors = [s for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"]
-    assert len(errors) == 18 * 4
+    assert len(errors) == 4 and all("link" not in s for s in errors)
     assert {s["error_type"] for s in errors} == {"replay", "recovery", "crc_flit", "crc_data"}
-    assert {value(text, "goodput_gpu_nvlink_errors_total", gpu="0", link=s["link"], error_type=s["error_type"])
+    assert {value(text, "goodput_gpu_nvlink_errors_total", gpu="0", error_type=s["error_type"])
             for s in errors} == {0}
 
 
@@ -514,34 +522,34 @@ def test_a_degraded_pcie_link_trains_below_its_maximum() -> None:
         sim.degrade_pcie(0, generation=6)
 
 
-def test_nvlink_errors_rise_on_one_link_and_stay_counted() -> None:
+def test_nvlink_errors_on_one_link_rise_in_its_gpus_total_and_stay_counted() -> None:
     clock, sim, source = setup(2)
     clock.advance(1)
     scrape(source)
     sim.nvlink_errors(1, link=3, seconds=10)
     clock.advance(5)
     text = scrape(source)  # read every LINK_ERRORS_EVERY seconds: the last answer (0) until then
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 0
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 0
     clock.advance(LINK_ERRORS_EVERY - 5)
     text = scrape(source)
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2000
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="replay") == 20
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="recovery") == 0
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="2", error_type="crc_flit") == 0
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="0", link="3", error_type="crc_flit") == 0
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 2000
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="replay") == 20
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="recovery") == 0
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="0", error_type="crc_flit") == 0
+    assert all("link" not in s for s in series(text, "goodput_gpu_nvlink_errors_total"))
     clock.advance(20)
     text = scrape(source)
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2000
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 2000
     sim.nvlink_errors(1, link=3, seconds=60)
     clock.advance(1)
     sim.stop_nvlink_errors(1)
     clock.advance(10)
     text = scrape(source)
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", link="3", error_type="crc_flit") == 2200
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 2200
 
 
 def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> None:
-    clock, sim, source = setup(2)
+    clock, sim, source = setup(2, per_link=True)
     sim.set_unsupported(0, "device_remapped_rows", "device_retired_pages", "device_retired_pages_pending",
                         "device_memory_reserved_bytes", "device_encoder_utilization_percent",
                         "device_pcie_replay_count", "device_pcie_link_generation", "device_memory_clock_mhz",
@@ -571,8 +579,11 @@ def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> No
         assert [s for s in series(text, name) if s["gpu"] == "0"] == [], name
     assert value(text, "goodput_gpu_decoder_utilization_ratio", gpu="0") is not None  # only the encoder is missing
     assert value(text, "goodput_gpu_pcie_link_max_generation", gpu="0") is not None
-    links = {s["link"] for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"}
+    links = {s["link"] for s in series(text, "goodput_gpu_nvlink_link_errors_total") if s["gpu"] == "0"}
     assert "5" not in links and len(links) == 17
+    # the GPU's totals: over the 17 links that have the counters
+    assert {s["error_type"] for s in series(text, "goodput_gpu_nvlink_errors_total") if s["gpu"] == "0"} == {
+        "replay", "recovery", "crc_flit", "crc_data"}
     assert calls["n"] == 3 * 2 * 18 * 4 - 2 * 4  # link 5 of GPU 0 asked once, not in the 2 rounds after
 
 
@@ -589,16 +600,182 @@ def test_a_driver_without_the_v2_memory_structure_has_no_reserved_memory() -> No
     assert "memory_reserved" in source._gpus[0].unsupported
 
 
-def test_a_failing_nvlink_error_read_is_counted_and_absent_that_round_only() -> None:
-    clock, sim, source = setup(1)
+def test_a_failing_nvlink_error_read_is_counted_and_the_total_sums_the_links_that_answered() -> None:
+    clock, sim, source = setup(1, per_link=True)
     clock.advance(1)
     sim.fail("device_nvlink_error_count", UNKNOWN, calls=1)
     batch = source.collect()
     assert batch.errors == ["nvml_unknown"]
-    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4 - 1
+    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4  # link 0's replay counter never read: the other 17 links'
+    assert len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4 - 1  # its own series is absent that round only
     clock.advance(LINK_ERRORS_EVERY)
     batch = source.collect()
-    assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_ERRORS)) == 18 * 4
+    assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4
+
+
+def test_an_nvlink_counter_no_link_ever_answered_for_is_absent_not_zero() -> None:
+    clock, sim, source = setup(1)
+    clock.advance(1)
+    sim.fail("device_nvlink_error_count", UNKNOWN, calls=18 * 4)  # the whole first round of reads
+    batch = source.collect()
+    assert batch.errors == ["nvml_unknown"] * 18 * 4  # each failed read counted
+    assert batch.values(c.GPU_NVLINK_ERRORS) == {}
+    assert batch.values(c.GPU_UP) == {("0", sim.uuid(0)): 1}  # the GPU answered everything else
+    clock.advance(1)
+    assert source.collect().values(c.GPU_NVLINK_ERRORS) == {}  # not read again before LINK_ERRORS_EVERY
+    clock.advance(LINK_ERRORS_EVERY)
+    batch = source.collect()
+    assert batch.errors == [] and set(batch.values(c.GPU_NVLINK_ERRORS).values()) == {0}
+    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4
+
+
+def _totals(batch: object, gpu: str = "0") -> dict[str, int]:
+    """The GPU's NVLink totals of a batch: transmit, receive, and each error_type."""
+    out = {}
+    for metric, name in ((c.GPU_NVLINK_TX, "tx"), (c.GPU_NVLINK_RX, "rx"), (c.GPU_NVLINK_ERRORS, None)):
+        for labels, total in batch.values(metric).items():  # type: ignore[attr-defined]
+            if labels[0] == gpu:
+                out[name or labels[2]] = total
+    return out
+
+
+def test_per_link_nvlink_series_are_opt_in_and_sum_to_the_gpus_totals() -> None:
+    counts = {}
+    for per_link in (False, True):
+        clock, sim, source = setup(2, per_link=per_link, pattern="square", busy=0.4, idle=0.1)
+        clock.advance(1)
+        source.collect()
+        sim.nvlink_errors(1, link=7, seconds=60)
+        sim.nvlink_errors(1, link=11, seconds=3)
+        clock.advance(LINK_ERRORS_EVERY)
+        batch = source.collect()
+        assert batch.errors == []
+        text = Renderer().render(batch, TEXT).decode()
+        counts[per_link] = len([1 for _, labels in samples(text) if ("gpu", "1") in labels])
+        totals = _totals(batch, "1")
+        assert totals["tx"] > 0 and totals["crc_flit"] == 200 * (LINK_ERRORS_EVERY + 3)
+        links = {name: [s for s in series(text, name) if s["gpu"] == "1"] for name in (
+            "goodput_gpu_nvlink_link_transmit_bytes_total", "goodput_gpu_nvlink_link_receive_bytes_total",
+            "goodput_gpu_nvlink_link_errors_total")}
+        if not per_link:
+            assert all(found == [] for found in links.values())
+            continue
+        assert {s["link"] for s in links["goodput_gpu_nvlink_link_transmit_bytes_total"]} == {
+            str(link) for link in range(18)}
+        assert len(links["goodput_gpu_nvlink_link_receive_bytes_total"]) == 18
+        assert len(links["goodput_gpu_nvlink_link_errors_total"]) == 18 * 4
+        tx = sum(value(text, "goodput_gpu_nvlink_link_transmit_bytes_total", **s)
+                 for s in links["goodput_gpu_nvlink_link_transmit_bytes_total"])
+        rx = sum(value(text, "goodput_gpu_nvlink_link_receive_bytes_total", **s)
+                 for s in links["goodput_gpu_nvlink_link_receive_bytes_total"])
+        assert (tx, rx) == (totals["tx"], totals["rx"])
+        for error_type in ("replay", "recovery", "crc_flit", "crc_data"):
+            per_link_sum = sum(value(text, "goodput_gpu_nvlink_link_errors_total", **s)
+                               for s in links["goodput_gpu_nvlink_link_errors_total"] if s["error_type"] == error_type)
+            assert per_link_sum == totals[error_type], error_type
+        assert value(text, "goodput_gpu_nvlink_link_errors_total", gpu="1", uuid=sim.uuid(1), link="7",
+                     error_type="crc_flit") == 200 * LINK_ERRORS_EVERY
+    # per GPU: 18 transmit + 18 receive + 18 x 4 error series more with nvlink_per_link
+    assert counts[True] - counts[False] == 18 + 18 + 18 * 4
+
+
+def test_a_failed_nvlink_read_keeps_the_gpus_totals_from_going_down() -> None:
+    """A link whose read fails counts with its last answer: the total never drops (rate() would see a reset)."""
+    clock, sim, source = setup(1, pattern="square", busy=0.4, idle=0.1)
+    original = sim.device_field_values
+    answers: list[list[int | None]] = []  # the data counters of each field read that answered (KiB)
+    missing: list[int] = []  # links whose transmit counter reads None
+
+    def recorded(handle, fields):  # type: ignore[no-untyped-def]
+        values = original(handle, fields)
+        if len(fields) == 1:  # at start-up: the link count
+            return values
+        answers.append(values[3::2])  # after PCIe tx, rx and memory temperature: each link's transmit, receive
+        for link in missing:
+            values[3 + 2 * link] = None
+        return values
+
+    sim.device_field_values = recorded  # type: ignore[method-assign]
+    sim.nvlink_errors(0, link=0, seconds=600)  # link 0 is the first read of each round
+    clock.advance(1)
+    first = _totals(source.collect())
+    assert first["replay"] == 2 and first["crc_flit"] == 200
+    # the error counters: link 0's replay counter fails (the round's first call); it keeps its last answer
+    sim.fail("device_nvlink_error_count", UNKNOWN, calls=1)
+    clock.advance(LINK_ERRORS_EVERY)
+    batch = source.collect()
+    assert batch.errors == ["nvml_unknown"]
+    second = _totals(batch)
+    assert second["replay"] == first["replay"]  # not 0: the other 17 links counted none
+    assert second["crc_flit"] == 200 * (1 + LINK_ERRORS_EVERY)  # read this round
+    assert second["tx"] == 1024 * sum(answers[-1])
+    # the data counters: a whole field read fails; every link keeps its last answer
+    sim.fail("device_field_values", UNKNOWN, calls=1)
+    clock.advance(1)
+    batch = source.collect()
+    assert batch.errors == ["nvml_unknown"]
+    assert batch.values(c.GPU_PCIE_TX) == {}  # a gauge-like single counter: absent that round, as before
+    third = _totals(batch)
+    assert (third["tx"], third["rx"]) == (second["tx"], second["rx"])
+    # link 5's transmit counter reads None: the other links' new answers, and link 5's last one
+    before = answers[-1]
+    missing.append(5)
+    clock.advance(1)
+    fourth = _totals(source.collect())
+    now = answers[-1]
+    assert now[5] > before[5]  # it did count: the total has it at its last answer
+    assert fourth["tx"] == 1024 * (sum(now) - now[5] + before[5])
+    missing.clear()
+    clock.advance(1)
+    fifth = _totals(source.collect())
+    assert fifth["tx"] == 1024 * sum(answers[-1])
+    assert second["tx"] == third["tx"] < fourth["tx"] < fifth["tx"]
+
+
+def test_an_nvlink_counter_that_goes_back_keeps_the_gpus_total_counting() -> None:
+    """A link counter lower than its last answer (the driver reset it): what it had counted stays in the total."""
+    clock, sim, source = setup(1, pattern="square", busy=0.4, idle=0.1)
+    errors, fields = sim.device_nvlink_error_count, sim.device_field_values
+    reset = {"errors": 0, "kib": 0}  # subtracted from link 2's counters: what they had when "reset"
+
+    def link2_errors(handle, link, counter):  # type: ignore[no-untyped-def]
+        count = errors(handle, link, counter)
+        return count - reset["errors"] if link == 2 and counter == 2 else count  # crc_flit
+
+    def link2_fields(handle, fields_asked):  # type: ignore[no-untyped-def]
+        values = fields(handle, fields_asked)
+        if len(fields_asked) > 1:  # not the link count, at start-up
+            values[3 + 2 * 2] -= reset["kib"]  # link 2's transmit counter
+        return values
+
+    sim.device_nvlink_error_count = link2_errors  # type: ignore[method-assign]
+    sim.device_field_values = link2_fields  # type: ignore[method-assign]
+    sim.nvlink_errors(0, link=2, seconds=600)
+
+    def tx_kib() -> list[int]:  # each link's transmit counter, as the simulator has it now (before any reset)
+        return fields(sim.device_handle(0), source._gpus[0].fields)[3::2]  # type: ignore[index]
+
+    clock.advance(LINK_ERRORS_EVERY)
+    first = _totals(source.collect())
+    assert first["crc_flit"] == 200 * LINK_ERRORS_EVERY
+    before = tx_kib()
+    assert first["tx"] == 1024 * sum(before)
+    # both of link 2's counters were reset 2.5 s after that read: they count from 0 since
+    clock.advance(LINK_ERRORS_EVERY)
+    now = tx_kib()
+    reset.update(errors=200 * (LINK_ERRORS_EVERY + 2.5), kib=now[2] - 1000)  # link 2 reads 1000 KiB now
+    batch = source.collect()
+    assert batch.errors == []
+    second = _totals(batch)
+    # the total goes on from what link 2 had counted, never down
+    assert second["crc_flit"] == 200 * LINK_ERRORS_EVERY + 200 * (LINK_ERRORS_EVERY - 2.5)
+    assert second["tx"] == 1024 * (sum(now) - now[2] + before[2] + 1000) > first["tx"]
+    clock.advance(LINK_ERRORS_EVERY)
+    later = tx_kib()
+    third = _totals(source.collect())
+    assert third["crc_flit"] == 200 * LINK_ERRORS_EVERY + 200 * (2 * LINK_ERRORS_EVERY - 2.5)
+    assert third["tx"] == 1024 * (sum(later) - later[2] + before[2] + later[2] - reset["kib"]) > second["tx"]
+    assert third["rx"] > second["rx"] > first["rx"]  # the receive counters, never reset, count as ever
 
 
 def test_lost_gpu_withdraws_its_health_series() -> None:
@@ -630,6 +807,6 @@ def test_scheduled_health_faults_reach_the_simulated_gpus() -> None:
     assert value(text, "goodput_gpu_remapped_rows_total", gpu="0", error_type="uncorrected") == 1
     assert value(text, "goodput_gpu_pcie_link_width", gpu="1") == 8
     assert value(text, "goodput_gpu_pcie_link_generation", gpu="1") == 3
-    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="2", link="4", error_type="crc_flit") == 2000
+    assert value(text, "goodput_gpu_nvlink_errors_total", gpu="2", error_type="crc_flit") == 2000
     with pytest.raises(ValueError, match="link"):
         SimulateConfig.model_validate({"gpus": 1, "faults": [{"at": "1ms", "kind": "nvlink_errors", "link": 18}]})

@@ -12,7 +12,7 @@ from .settings import NvmlConfig
 def _build(node: Node, settings: Any) -> Source:
     from .source import NvmlSource
 
-    return NvmlSource(node.gpu_backend, node.gpus)
+    return NvmlSource(node.gpu_backend, node.gpus, nvlink_per_link=settings.nvlink_per_link)
 
 
 SPEC = SourceSpec("nvml", "GPU (source `nvml`)", NvmlConfig, METRICS, _build)

@@ -131,14 +131,28 @@ GPU_PCIE_LINK_MAX_WIDTH = _m(
     "Most PCIe lanes the GPU and its slot can both run.", GPU)
 GPU_NVLINK_TX = _m(
     "goodput_gpu_nvlink_transmit_bytes_total", Kind.COUNTER, "bytes",
-    "Data bytes sent on each active NVLink link.", (*GPU, "link"))
+    "Data bytes the GPU sent over NVLink, summed over the GPU's active NVLink links (per link: "
+    "goodput_gpu_nvlink_link_transmit_bytes_total, behind nvml.nvlink_per_link).", GPU)
 GPU_NVLINK_RX = _m(
     "goodput_gpu_nvlink_receive_bytes_total", Kind.COUNTER, "bytes",
-    "Data bytes received on each active NVLink link.", (*GPU, "link"))
+    "Data bytes the GPU received over NVLink, summed over the GPU's active NVLink links (per link: "
+    "goodput_gpu_nvlink_link_receive_bytes_total, behind nvml.nvlink_per_link).", GPU)
 GPU_NVLINK_ERRORS = _m(
     "goodput_gpu_nvlink_errors_total", Kind.COUNTER, "",
-    "Data-link errors on each active NVLink link since the driver was loaded, by error_type: crc_flit and "
-    "crc_data (corrupted flits and data, each resent), replay (resends), recovery (the link retrained).",
+    "NVLink data-link errors since the driver was loaded, summed over the GPU's active NVLink links, by "
+    "error_type: crc_flit and crc_data (corrupted flits and data, each resent), replay (resends), recovery (the "
+    "link retrained). Per-link counts: goodput_gpu_nvlink_link_errors_total, behind nvml.nvlink_per_link.",
+    (*GPU, "error_type"))
+GPU_NVLINK_LINK_TX = _m(
+    "goodput_gpu_nvlink_link_transmit_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes sent on each active NVLink link; only with nvml.nvlink_per_link.", (*GPU, "link"))
+GPU_NVLINK_LINK_RX = _m(
+    "goodput_gpu_nvlink_link_receive_bytes_total", Kind.COUNTER, "bytes",
+    "Data bytes received on each active NVLink link; only with nvml.nvlink_per_link.", (*GPU, "link"))
+GPU_NVLINK_LINK_ERRORS = _m(
+    "goodput_gpu_nvlink_link_errors_total", Kind.COUNTER, "",
+    "Data-link errors on each active NVLink link since the driver was loaded, by error_type (as "
+    "goodput_gpu_nvlink_errors_total); only with nvml.nvlink_per_link.",
     (*GPU, "link", "error_type"))
 GPU_ALLOCATED = _m(
     "goodput_gpu_allocated", Kind.GAUGE, "",

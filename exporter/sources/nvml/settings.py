@@ -14,6 +14,11 @@ NVML_SAMPLE_SECONDS = 20.0
 
 
 class NvmlConfig(SourceConfig):
+    nvlink_per_link: bool = Field(
+        False, description="Also publish each active NVLink link's byte and error counters (a `link` label: 108 "
+        "more series per H100). For finding which link of a GPU counts errors; the per-GPU totals are always "
+        "published.")
+
     @model_validator(mode="after")
     def _check_sample_buffer(self) -> NvmlConfig:
         """An adaptive interval never grows past what NVML keeps (a fixed one is the operator's explicit choice)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -53,13 +54,43 @@ UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH)
 _FIELDS = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0), (FI_MEMORY_TEMP, 0)]
 _LINK_FIELDS = len(_FIELDS)
 # NVLink error counters cost one NVML call per link and counter (72 a poll on an H100): read this often,
-# in seconds; they only feed rates over minutes
+# in seconds; they only feed rates over minutes. Each counter is published per GPU, summed over its active links
+# (`_LinkTotal`); per link only with nvml.nvlink_per_link
 LINK_ERRORS_EVERY = 10.0
 UNANSWERED = -1  # internal: every query of a GPU failed (the failures are counted one by one)
 
 
 class _Lost(Exception):
     pass
+
+
+class _LinkTotal:
+    """One NVLink counter of a GPU summed over its active links, kept a counter: a link whose read fails counts
+    with its last known value, and a link whose counter went back (the driver reset it) keeps what it had counted
+    as an offset. None until some link was read."""
+
+    __slots__ = ("complete", "last", "offset")
+
+    def __init__(self, links: int) -> None:
+        self.last: list[int | None] = [None] * links  # per link, its last reading
+        self.offset = 0  # what the links had counted before their counters went back
+        self.complete = False  # every link read at least once
+
+    def total(self, values: list[int | None]) -> int | None:
+        """The total after this round's readings (one per link, None where the read failed)."""
+        last = self.last
+        if self.complete and None not in values and all(map(operator.ge, values, last)):
+            self.last = values  # the usual round: every link read, none went back
+            return sum(values) + self.offset
+        for i, value in enumerate(values):
+            if value is not None:
+                before = last[i]
+                if before is not None and value < before:
+                    self.offset += before
+                last[i] = value
+        known = [value for value in last if value is not None]
+        self.complete = 0 < len(known) == len(last)
+        return sum(known) + self.offset if known else None
 
 
 @dataclass
@@ -85,10 +116,16 @@ class _GpuState:
     peak_flops: list[tuple[tuple[str, ...], float]] = field(default_factory=list)
     # label tuples of its series, built once per identity (`labels`): per reading, per NVLink link, per PID
     series_labels: _SeriesLabels | None = None
+    # its NVLink counters summed over its active links (with the series labels): transmit, receive, and per
+    # NVLINK_ERRORS counter
+    nvlink_tx: _LinkTotal = field(default_factory=lambda: _LinkTotal(0))
+    nvlink_rx: _LinkTotal = field(default_factory=lambda: _LinkTotal(0))
+    nvlink_errors: tuple[_LinkTotal, ...] = ()
     # NVLink error counters: read every LINK_ERRORS_EVERY seconds (one NVML call per link and counter),
-    # the last answers exported in between
+    # the last answers exported in between: the per-GPU totals' rows, and the per-link rows (nvlink_per_link)
     link_errors_at: float | None = None
     link_error_rows: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
+    link_error_link_rows: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
 
 
 class _SeriesLabels:
@@ -96,10 +133,11 @@ class _SeriesLabels:
     collection appends its rows straight to the batch (`Batch.rows`), without building or checking a tuple per
     series, and the renderer finds a tuple it saw before faster."""
 
-    __slots__ = ("link_errors", "links", "of", "pids", "readings")
+    __slots__ = ("errors", "link_count", "link_errors", "links", "of", "pids", "readings")
 
-    def __init__(self, labels: tuple[str, str], links: list[int]) -> None:
+    def __init__(self, labels: tuple[str, str], links: list[int], per_link: bool) -> None:
         self.of = labels
+        self.link_count = len(links)
         for metric in _GPU_LABELLED:
             Batch.check(metric, labels)
         readings = []
@@ -109,12 +147,17 @@ class _SeriesLabels:
                 Batch.check(metric, metric_labels)
             readings.append(per_metric)
         self.readings = tuple(readings)
-        self.links = tuple(Batch.check(c.GPU_NVLINK_TX, Batch.check(c.GPU_NVLINK_RX, (*labels, str(link))))
-                           for link in links)
-        # per link, per NVLINK_ERRORS counter: (its key when unsupported, its label tuple)
+        # per NVLINK_ERRORS counter: the per-GPU total's label tuple
+        self.errors = tuple(Batch.check(c.GPU_NVLINK_ERRORS, (*labels, error_type))
+                            for error_type in NVLINK_ERRORS.values())
+        # per link (nvlink_per_link only): the label tuple of its byte counters
+        self.links = tuple(
+            Batch.check(c.GPU_NVLINK_LINK_TX, Batch.check(c.GPU_NVLINK_LINK_RX, (*labels, str(link))))
+            for link in links) if per_link else ()
+        # per link, per NVLINK_ERRORS counter: (its key when unsupported, its label tuple with nvlink_per_link)
         self.link_errors = tuple(
             (link, tuple((counter, f"nvlink_{error_type}_{link}",
-                          Batch.check(c.GPU_NVLINK_ERRORS, (*labels, str(link), error_type)))
+                          Batch.check(c.GPU_NVLINK_LINK_ERRORS, (*labels, str(link), error_type)) if per_link else ())
                          for counter, error_type in NVLINK_ERRORS.items()))
             for link in links)
         self.pids: dict[int, tuple[str, ...]] = {}
@@ -130,7 +173,7 @@ class _SeriesLabels:
 
 # the metrics whose rows carry the GPU's own label tuple (gpu, uuid)
 _GPU_LABELLED = (c.GPU_IDLE_SECONDS, c.GPU_SAMPLED_SECONDS, c.GPU_PCIE_TX, c.GPU_PCIE_RX, c.GPU_MEMORY_TEMPERATURE,
-                 c.GPU_ALLOCATED)
+                 c.GPU_ALLOCATED, c.GPU_NVLINK_TX, c.GPU_NVLINK_RX)
 
 
 class NvmlSource(Source):
@@ -141,8 +184,10 @@ class NvmlSource(Source):
         backend: GpuBackend,
         table: NodeGpus | None = None,
         clock: Callable[[], float] = time.time,
+        nvlink_per_link: bool = False,
     ) -> None:
         self.backend = backend
+        self._per_link = nvlink_per_link  # also each active NVLink link's counters (nvml.nvlink_per_link)
         self.table = table or NodeGpus()  # what this source learns of the node's GPUs, for the others
         self._clock = clock
         self._gpus: list[_GpuState] | None = None
@@ -300,8 +345,12 @@ class NvmlSource(Source):
         read = self._optional
         labels = gpu.labels
         cached = gpu.series_labels
-        if cached is None or cached.of is not labels or len(cached.links) != len(gpu.links):
-            cached = gpu.series_labels = _SeriesLabels(labels, gpu.links)
+        if cached is None or cached.of is not labels or cached.link_count != len(gpu.links):
+            cached = gpu.series_labels = _SeriesLabels(labels, gpu.links, self._per_link)
+            links = len(gpu.links)  # new series: their totals start over
+            gpu.nvlink_tx, gpu.nvlink_rx = _LinkTotal(links), _LinkTotal(links)
+            gpu.nvlink_errors = tuple(_LinkTotal(links) for _ in NVLINK_ERRORS)
+            gpu.link_errors_at = None
         rows = self._rows  # the label tuples below are cached's (checked) or `labels` (checked by cached)
         errors_before, answers_before = len(self._errors), self._answers
         self._integrate_samples(gpu)
@@ -332,14 +381,20 @@ class NvmlSource(Source):
             rows[c.GPU_PCIE_RX].append((labels, values[1]))
         if values[2] is not None:
             rows[c.GPU_MEMORY_TEMPERATURE].append((labels, values[2]))
-        # per link: transmit then receive
-        first = _LINK_FIELDS
-        rows[c.GPU_NVLINK_TX] += [(link, kib * 1024)
-                                  for link, kib in zip(cached.links, values[first::2], strict=True) if kib is not None]
-        rows[c.GPU_NVLINK_RX] += [(link, kib * 1024)
-                                  for link, kib in zip(cached.links, values[first + 1::2], strict=True)
-                                  if kib is not None]
-        self._collect_link_errors(gpu, cached, rows[c.GPU_NVLINK_ERRORS])
+        if cached.link_count:  # per link: transmit then receive (KiB), summed per GPU
+            tx, rx = values[_LINK_FIELDS::2], values[_LINK_FIELDS + 1::2]
+            total = gpu.nvlink_tx.total(tx)
+            if total is not None:
+                rows[c.GPU_NVLINK_TX].append((labels, total * 1024))
+            total = gpu.nvlink_rx.total(rx)
+            if total is not None:
+                rows[c.GPU_NVLINK_RX].append((labels, total * 1024))
+            if self._per_link:
+                rows[c.GPU_NVLINK_LINK_TX] += [(link, kib * 1024)
+                                               for link, kib in zip(cached.links, tx, strict=True) if kib is not None]
+                rows[c.GPU_NVLINK_LINK_RX] += [(link, kib * 1024)
+                                               for link, kib in zip(cached.links, rx, strict=True) if kib is not None]
+            self._collect_link_errors(gpu, cached, rows[c.GPU_NVLINK_ERRORS], rows[c.GPU_NVLINK_LINK_ERRORS])
         processes = read(gpu, "processes", self.backend.device_compute_processes)
         if processes is not None:
             rows[c.GPU_ALLOCATED].append((labels, 1 if processes else 0))
@@ -359,19 +414,23 @@ class NvmlSource(Source):
         if self._answers == answers_before and len(self._errors) > errors_before:
             raise GpuError(UNANSWERED, "the GPU answered no query")
 
-    def _collect_link_errors(self, gpu: _GpuState, cached: _SeriesLabels,
-                             rows: list[tuple[tuple[str, ...], Any]]) -> None:
-        """Each active link's data-link error counters (one NVML call each); an unsupported counter is remembered
-        per link and counter, and its series stays absent."""
+    def _collect_link_errors(self, gpu: _GpuState, cached: _SeriesLabels, rows: list[tuple[tuple[str, ...], Any]],
+                             link_rows: list[tuple[tuple[str, ...], Any]]) -> None:
+        """Each active link's data-link error counters (one NVML call each), summed per GPU and counter
+        (`_LinkTotal`: a failed read counts with the link's last answer); each link's own with nvlink_per_link. An
+        unsupported counter is remembered per link and counter; unsupported on every link, its series stay
+        absent."""
         now = self._clock()
         if gpu.link_errors_at is not None and 0 <= now - gpu.link_errors_at < LINK_ERRORS_EVERY:
             rows += gpu.link_error_rows  # counters: the last answer stays true until the next read
+            link_rows += gpu.link_error_link_rows
             return
         gpu.link_errors_at = now
-        start = len(rows)
+        per_link, start = self._per_link, len(link_rows)
+        counts: list[list[int | None]] = [[None] * cached.link_count for _ in NVLINK_ERRORS]  # per counter, link
         unsupported, handle, call, answers = gpu.unsupported, gpu.handle, self.backend.device_nvlink_error_count, 0
-        for link, counters in cached.link_errors:
-            for counter, key, counter_labels in counters:
+        for slot, (link, counters) in enumerate(cached.link_errors):
+            for per_counter, (counter, key, counter_labels) in zip(counts, counters, strict=True):
                 if key in unsupported:
                     continue
                 try:
@@ -380,9 +439,18 @@ class NvmlSource(Source):
                     self._failed(gpu, key, exc)
                     continue
                 answers += 1
-                rows.append((counter_labels, count))
+                per_counter[slot] = count
+                if per_link:
+                    link_rows.append((counter_labels, count))
         self._answers += answers
-        gpu.link_error_rows = rows[start:]
+        totals = []
+        for total_labels, total, per_counter in zip(cached.errors, gpu.nvlink_errors, counts, strict=True):
+            value = total.total(per_counter)
+            if value is not None:  # None: no link of the GPU ever answered for the counter
+                totals.append((total_labels, value))
+        rows += totals
+        gpu.link_error_rows = totals
+        gpu.link_error_link_rows = link_rows[start:]
 
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.

@@ -66,12 +66,13 @@ def build(names: Names) -> Dashboard:
         "minute) means a marginal link, often with a narrower or slower one.",
         "cps", [(f"rate(goodput_gpu_pcie_replays_total{f()}[$__rate_interval])", gpu)]))
     d = d.with_panel(timeseries_panel(
-        "NVLink errors", "NVLink data-link errors per second on each link that counts any: CRC errors in flits "
-        "or data (each corrected by a replay), replays, and recoveries (the link retrained, stalling its "
-        f"traffic). GoodputGPUNVLinkErrors fires above {s.nvlink_crc_error_rate:g} CRC or "
-        f"{s.nvlink_replay_error_rate:g} replay or recovery errors a second. Empty when every link is clean.",
+        "NVLink errors", "NVLink data-link errors per second on each GPU that counts any, its links together: CRC "
+        "errors in flits or data (each corrected by a replay), replays, and recoveries (the link retrained, "
+        f"stalling its traffic). GoodputGPUNVLinkErrors fires above {s.nvlink_crc_error_rate:g} CRC or "
+        f"{s.nvlink_replay_error_rate:g} replay or recovery errors a second. Empty when every link is clean. Which "
+        "link: goodput_gpu_nvlink_link_errors_total, with the nvml source's nvlink_per_link on.",
         "cps", [(f"rate(goodput_gpu_nvlink_errors_total{f()}[$__rate_interval]) > 0",
-                 gpu + " link {{link}} {{error_type}}")]))
+                 gpu + " {{error_type}}")]))
     d = d.with_panel(timeseries_panel(
         "Video encoder and decoder", "Share of time the video encoders (NVENC) and decoders (NVDEC) ran. High "
         "decode in a training job means its input pipeline decodes video on the GPU.",

@@ -156,11 +156,12 @@ class RulesSettings(BaseModel):
         "power. The link width is compared always.")
     pcie_degraded_for: str = Field("10m", description="GoodputGPUPCIeLinkDegraded: for how long.")
     nvlink_crc_error_rate: float = Field(
-        100, gt=0, description="GoodputGPUNVLinkErrors: CRC errors (flit or data) per second on a link; 100 is "
-        "DCGM's health limit, the rate from which the driver team says they matter (each is corrected by a replay).")
+        100, gt=0, description="GoodputGPUNVLinkErrors: CRC errors (flit or data) per second on a GPU's links "
+        "together; 100 is DCGM's health limit, the rate from which the driver team says they matter (each is corrected "
+        "by a replay).")
     nvlink_replay_error_rate: float = Field(
-        0.01, gt=0, description="GoodputGPUNVLinkErrors: replays or recoveries (the link retrained) per second on a "
-        "link; a healthy link has none, DCGM's health check flags any.")
+        0.01, gt=0, description="GoodputGPUNVLinkErrors: replays or recoveries (a link retrained) per second on a "
+        "GPU's links together; a healthy link has none, DCGM's health check flags any.")
     nvlink_errors_for: str = Field("10m", description="GoodputGPUNVLinkErrors: for how long.")
     memory_used_ratio: float = Field(
         0.8, gt=0, le=1, description="GoodputGPUMemoryExhaustionSoon: only past this much memory in use.")

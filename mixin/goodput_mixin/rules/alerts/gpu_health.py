@@ -73,7 +73,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f'rate({nvlink}{{error_type=~"crc_flit|crc_data"}}[{short}]) > {s.nvlink_crc_error_rate:g}\n'
             f'or\nrate({nvlink}{{error_type=~"replay|recovery"}}[{short}]) > {s.nvlink_replay_error_rate:g}',
             s.nvlink_errors_for,
-            "A GPU's NVLink link keeps counting errors.",
-            f"NVLink link {{{{ $labels.link }}}} of {gpu} counts {{{{ $value | printf \"%.2f\" }}}} "
-            "{{ $labels.error_type }} errors per second."),
+            "A GPU's NVLink links keep counting errors.",
+            f"The NVLink links of {gpu} count {{{{ $value | printf \"%.2f\" }}}} {{{{ $labels.error_type }}}} errors "
+            "per second together (which link: the runbook)."),
     ]
