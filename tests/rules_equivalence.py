@@ -62,6 +62,7 @@ import yaml
 from goodput_client.contract import E2E_BUCKETS, ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 from goodput_mixin.rules.engines import ENGINES, Engine, Native
 
+PIPE_BOUND = {(0, 5): "fp16", (0, 6): "fp32", (2, 3): "fp64"}  # GPUs whose busiest pipe is not the tensor one
 ROOT = Path(__file__).resolve().parent.parent
 RULES = ROOT / "rules"
 CLUSTER = "east"
@@ -387,6 +388,8 @@ def fleet(t0: int) -> list[Series]:
             ratios = {"sm": 0.9, "dram": 0.45, "tensor": 0.55, "fp16": 0.08, "fp32": 0.2, "fp64": 0.0}
             if node == 1 and gpu < 4:  # finetune's kernels keep few SMs and tensor pipes busy
                 ratios = {"sm": 0.6, "dram": 0.8, "tensor": 0.15, "fp16": 0.02, "fp32": 0.1, "fp64": 0.0}
+            if (node, gpu) in PIPE_BOUND:  # kernels on one of the other math pipes (every pipe's class candidate)
+                ratios = {**ratios, "tensor": 0.1, PIPE_BOUND[node, gpu]: 0.95}
             instances = [{"gpu_instance_id": "1"}, {"gpu_instance_id": "2"}] if (node, gpu) == (2, 7) else [{}]
             for name, share in ratios.items():
                 for k, inst in enumerate(instances):

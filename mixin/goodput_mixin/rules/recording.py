@@ -71,6 +71,7 @@ def held(s: RulesSettings) -> str:
 
 
 PIPES = ("tensor", "fp16", "fp32", "fp64")
+ACTIVITY = ("sm", "dram", *PIPES)  # every DCGM ratio averaged per GPU, in the order of their groups
 
 
 def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
@@ -90,26 +91,29 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
                         f"or\navg without (gpu_instance_id) (avg_over_time({metric}{{gpu_instance_id!=\"\"}}[{w}]))"}
 
     sm, dram = recorded("sm"), recorded("dram")
-    cls = f"gpu:goodput_gpu_activity_class:avg{w}"
+    cls, code = f"gpu:goodput_gpu_activity_class:avg{w}", f"gpu:goodput_gpu_activity_code:avg{w}"
 
-    # Each average reads 10,000 raw series at 10,000 GPUs; split over two groups, so that neither takes
-    # a second (bench/results.md).
-    inputs = [avg("sm"), avg("dram"), avg(PIPES[0])]
-    pipes = [avg(p) for p in PIPES[1:]]
-    # compute-bound: any math pipe busy. Each comparison keeps only the GPUs over the threshold, so the
-    # `or` joins few series; a per-GPU maximum of the four pipes would join 40,000 at 10,000 GPUs.
-    busy_pipe = "\n    or ".join(f"{recorded(p)} >= {s.compute_bound_pipe_ratio:g}" for p in PIPES)
+    def candidate(number: int, expr: str, **labels: str) -> Rule:
+        return {"record": code, "expr": f"({expr}) * 0 + {number}", "labels": {"code": str(number), **labels}}
+
     # One class per GPU, first match wins: underused (SMs mostly idle), compute-bound (a math pipe busy),
     # memory-bound (the memory interface busy), else other (SMs busy with neither saturated: latency, launch
-    # or synchronization bound). Value 1, so averages give shares. The first match is a code (1-4) taken by
-    # `or` over series with the same labels, then named by count_values and label_replace: naming each
-    # branch and joining them with `or ignoring (class)` is the same in PromQL, but a MetricsQL range query
-    # (vmalert's replay, Grafana) gives a GPU the first branch's class at every step where any branch matches.
-    code = (f"({sm} < {s.underused_sm_active_ratio:g}) * 0 + 1\n"
-            f"  or ({busy_pipe}) * 0 + 2\n"
-            f"  or ({dram} >= {s.memory_bound_dram_ratio:g}) * 0 + 3\n"
-            f"  or {sm} * 0 + 4")
-    named = f'count_values without () ("code",\n  {code}\n)'
+    # or synchronization bound). Value 1, so averages give shares. Each average's group also records the class
+    # codes (1-4) it can tell, as candidates (`code`, valued by their number; `pipe` tells the math pipes'
+    # apart); the class is then the lowest candidate of each GPU, named by count_values and label_replace.
+    # Taking the first match in one rule (`or` over the four branches) read every average again and took 1.1 s on
+    # vmalert at 10,000 GPUs; naming each branch and joining them with `or ignoring (class)` is the same in
+    # PromQL, but a MetricsQL range query (vmalert's replay, Grafana) gives a GPU the first branch's class at
+    # every step where any branch matches. Each average reads 10,000 raw series at 10,000 GPUs and records as
+    # many: one group each, so that no group takes a second on either engine (three to a group took 1.1 s on
+    # vmalert, bench/results.md).
+    candidates = {
+        "sm": [candidate(1, f"{sm} < {s.underused_sm_active_ratio:g}"), candidate(4, sm)],
+        "dram": [candidate(3, f"{dram} >= {s.memory_bound_dram_ratio:g}")],
+        **{pipe: [candidate(2, f"{recorded(pipe)} >= {s.compute_bound_pipe_ratio:g}", pipe=pipe)] for pipe in PIPES},
+    }
+    averages = [[avg(ratio), *candidates[ratio]] for ratio in ACTIVITY]
+    named = f'count_values without () ("code", min without (code, pipe) ({code}))'
     for n, name in enumerate(("underused", "compute_bound", "memory_bound", "other"), 1):
         named = f'label_replace({named}, "class", "{name}", "code", "{n}")'
     classes = [{"record": cls, "expr": f"max without (code) (\n{named}\n)"}]
@@ -124,7 +128,7 @@ def _gpu_activity(s: RulesSettings) -> list[list[Rule]]:
                  f"  {held(s)}\n"
                  f"  * on ({c}, {s.node_label}, uuid) group_left () {cls}\n)"},
     ]
-    return [inputs, pipes, classes, shares]
+    return [*averages, classes, shares]
 
 
 def _attribution(s: RulesSettings) -> list[list[Rule]]:
@@ -169,42 +173,42 @@ def _level(s: RulesSettings, level: str) -> list[Rule]:
     return rules
 
 
-def _node_health(s: RulesSettings) -> list[Rule]:
+def _node_health(s: RulesSettings) -> list[list[Rule]]:
     """The GPU health of each node as a few counts and rates, so that the cluster level (a dashboard, a global ruler
     over many clusters) reads a series a node instead of every GPU's. A count covers every GPU the node reports
-    (0 when none is affected), but the PCIe one, which only counts the degraded GPUs."""
+    (0 when none is affected), but the PCIe one, which only counts the degraded GPUs. Five groups: each count that
+    reads several series of every GPU has its own (eleven in one group took 2.3 s at 10,000 GPUs)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     by, gpu = f"{c}, {n}", f"{c}, {n}, uuid"
     hard_limits = 'reason=~"power|thermal|board_limit|reliability"'
     reset_due = "|".join(f"goodput_gpu_{state}" for state in ("row_remap_pending", "row_remap_failure",
                                                                "retired_pages_pending"))
     busy = f"gpu:goodput_gpu_idle_ratio:rate{w} < {1 - s.pcie_degraded_busy_ratio:g}"
-    return [
-        {"record": "node:goodput_gpus_xid_last_hour:count",
-         "expr": f"sum by ({by}) (goodput_gpu_last_xid_timestamp_seconds > bool (time() - 3600))"},
-        {"record": f"node:goodput_gpu_ecc_uncorrected_errors:rate{w}",
-         "expr": f'sum by ({by}) (rate(goodput_gpu_ecc_errors_total{{error_type="uncorrected"}}[{w}]))'},
-        {"record": "node:goodput_gpus_throttled:count",
-         "expr": f"sum by ({by}) (\n  sum by ({gpu}) (rate(goodput_gpu_clock_throttle_seconds_total{{{hard_limits}}}"
-                 f"[{w}])) > bool {s.throttle_ratio:g}\n)"},
-        {"record": "node:goodput_gpus_reset_required:count",
-         "expr": f'sum by ({by}) (max by ({gpu}) ({{__name__=~"{reset_due}"}}) == bool 1)'},
-        {"record": "node:goodput_gpus_pcie_degraded:count",
-         "expr": f"count by ({by}) (\n  max_over_time(goodput_gpu_pcie_link_width[{w}])"
-                 " < goodput_gpu_pcie_link_max_width\n"
-                 f"  or (\n    max_over_time(goodput_gpu_pcie_link_generation[{w}])"
-                 f" < goodput_gpu_pcie_link_max_generation\n    and {busy}\n  )\n)"},
-        {"record": "node:goodput_gpus_lost:count", "expr": f"sum by ({by}) (goodput_gpu_up == bool 0)"},
-        {"record": "node:goodput_exporter_source_up:min", "expr": f"min by ({by}) (goodput_exporter_source_up)"},
-        {"record": "node:goodput_fabric_ports_not_active:count",
-         "expr": f"sum by ({by}) (goodput_fabric_port_state != bool 4)"},
-        {"record": f"node:goodput_gpu_remapped_rows:increase{w}",
-         "expr": f"sum by ({by}, error_type) (increase(goodput_gpu_remapped_rows_total[{w}]))"},
-        {"record": f"node:goodput_gpu_retired_pages:increase{w}",
-         "expr": f"sum by ({by}, cause) (increase(goodput_gpu_retired_pages_total[{w}]))"},
-        {"record": f"node:goodput_gpu_nvlink_errors:rate{w}",
-         "expr": f"sum by ({by}, error_type) (rate(goodput_gpu_nvlink_errors_total[{w}]))"},
-    ]
+    xid = {"record": "node:goodput_gpus_xid_last_hour:count",
+           "expr": f"sum by ({by}) (goodput_gpu_last_xid_timestamp_seconds > bool (time() - 3600))"}
+    ecc = {"record": f"node:goodput_gpu_ecc_uncorrected_errors:rate{w}",
+           "expr": f'sum by ({by}) (rate(goodput_gpu_ecc_errors_total{{error_type="uncorrected"}}[{w}]))'}
+    throttled = {"record": "node:goodput_gpus_throttled:count",
+                 "expr": f"sum by ({by}) (\n  sum by ({gpu}) (rate(goodput_gpu_clock_throttle_seconds_total"
+                         f"{{{hard_limits}}}[{w}])) > bool {s.throttle_ratio:g}\n)"}
+    reset = {"record": "node:goodput_gpus_reset_required:count",
+             "expr": f'sum by ({by}) (max by ({gpu}) ({{__name__=~"{reset_due}"}}) == bool 1)'}
+    pcie = {"record": "node:goodput_gpus_pcie_degraded:count",
+            "expr": f"count by ({by}) (\n  max_over_time(goodput_gpu_pcie_link_width[{w}])"
+                    " < goodput_gpu_pcie_link_max_width\n"
+                    f"  or (\n    max_over_time(goodput_gpu_pcie_link_generation[{w}])"
+                    f" < goodput_gpu_pcie_link_max_generation\n    and {busy}\n  )\n)"}
+    lost = {"record": "node:goodput_gpus_lost:count", "expr": f"sum by ({by}) (goodput_gpu_up == bool 0)"}
+    sources = {"record": "node:goodput_exporter_source_up:min", "expr": f"min by ({by}) (goodput_exporter_source_up)"}
+    ports = {"record": "node:goodput_fabric_ports_not_active:count",
+             "expr": f"sum by ({by}) (goodput_fabric_port_state != bool 4)"}
+    remapped = {"record": f"node:goodput_gpu_remapped_rows:increase{w}",
+                "expr": f"sum by ({by}, error_type) (increase(goodput_gpu_remapped_rows_total[{w}]))"}
+    retired = {"record": f"node:goodput_gpu_retired_pages:increase{w}",
+               "expr": f"sum by ({by}, cause) (increase(goodput_gpu_retired_pages_total[{w}]))"}
+    nvlink = {"record": f"node:goodput_gpu_nvlink_errors:rate{w}",
+              "expr": f"sum by ({by}, error_type) (rate(goodput_gpu_nvlink_errors_total[{w}]))"}
+    return [[xid, ecc, lost, sources, ports], [reset, remapped, retired], [throttled], [pcie], [nvlink]]
 
 
 def _gpu_long(s: RulesSettings, long: str) -> list[list[Rule]]:
@@ -250,11 +254,10 @@ def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
 
 
 def _workload(s: RulesSettings) -> list[Rule]:
+    """Goodput and tokens per workload, from the phases goodput.workload_node records (one evaluation old)."""
     c, w = s.cluster_label, s.windows[0]
     phases = f"workload:goodput_phase_seconds:rate{w}"
     return [
-        {"record": phases,
-         "expr": f"sum by ({c}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
         *_goodput(phases, w),
         {"record": f"workload:goodput_tokens:rate{w}",
          "expr": f"sum by ({c}, workload) (rate(goodput_tokens_total[{w}]))"},
@@ -310,31 +313,35 @@ def _straggler(s: RulesSettings) -> list[Rule]:
     ]
 
 
-def _workload_long(s: RulesSettings, long: str) -> list[Rule]:
+def _workload_long(s: RulesSettings, long: str) -> list[list[Rule]]:
+    """The long window per workload, and per rank in a group of its own (eleven rules in one group took up to 1 s on
+    vmalert at 10,000 GPUs): each reads the short window's records over `long`."""
     short = s.windows[0]
     phases = f"workload:goodput_phase_seconds:rate{long}"
     own = f"workload_rank:goodput_step_own_seconds:mean{long}"
-    rules: list[Rule] = [
+    workload: list[Rule] = [
         {"record": phases, "expr": f"avg_over_time(workload:goodput_phase_seconds:rate{short}[{long}])"},
         *_goodput(phases, long),
-        {"record": f"workload_rank:goodput_step_duration_seconds:mean{long}",
-         "expr": f"avg_over_time(workload_rank:goodput_step_duration_seconds:mean{short}[{long}])"},
-        {"record": own, "expr": f"avg_over_time(workload_rank:goodput_step_own_seconds:mean{short}[{long}])"},
-        *_stragglers(s, own, long),
         {"record": f"workload:goodput_tokens:rate{long}",
          "expr": f"avg_over_time(workload:goodput_tokens:rate{short}[{long}])"},
         {"record": f"workload:goodput_mfu_ratio:rate{long}",
          "expr": f"avg_over_time(workload:goodput_mfu_ratio:rate{short}[{long}])"},
     ]
     if long == s.windows[-1]:
-        rules += [
+        workload += [
             # 0.3 = 30% fewer tokens/s than the workload's own baseline; negative when faster
             {"record": f"workload:goodput_tokens_drop_ratio:rate{short}_vs_{long}",
              "expr": f"1 - workload:goodput_tokens:rate{short} / (workload:goodput_tokens:rate{long} > 0)"},
             {"record": f"workload:goodput_ratio:deriv{s.goodput_trend_window}",
              "expr": f"deriv(workload:goodput_ratio:rate{short}[{s.goodput_trend_window}])"},
         ]
-    return rules
+    ranks: list[Rule] = [
+        {"record": f"workload_rank:goodput_step_duration_seconds:mean{long}",
+         "expr": f"avg_over_time(workload_rank:goodput_step_duration_seconds:mean{short}[{long}])"},
+        {"record": own, "expr": f"avg_over_time(workload_rank:goodput_step_own_seconds:mean{short}[{long}])"},
+        *_stragglers(s, own, long),
+    ]
+    return [workload, ranks]
 
 
 def _accounting(s: RulesSettings) -> list[Rule]:
@@ -545,25 +552,32 @@ def _fabric_cluster(s: RulesSettings) -> list[Rule]:
     ]
 
 
-def _workload_node(s: RulesSettings) -> list[Rule]:
-    """Where each workload runs, and how much of its ranks' time on each node goes to comm_wait."""
+def _workload_node(s: RulesSettings) -> list[list[Rule]]:
+    """Each workload's ranks' time per phase, per node and in all; where each workload runs; how much of its time
+    on each node goes to comm_wait. Three groups (four rules in one took 1.2 s once on vmalert at 10,000 GPUs)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     phases = f"workload_node:goodput_phase_seconds:rate{w}"
     comm_wait = f'{phases}{{phase="comm_wait"}}'
-    return [
+    where = [
         {"record": phases,
          "expr": f"sum by ({c}, {n}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
+        # the workload's, summed from its nodes': the ranks' phase counters are read once, here (a second rate over
+        # them took 0.8 s at 10,000 GPUs)
+        {"record": f"workload:goodput_phase_seconds:rate{w}",
+         "expr": f"sum by ({c}, workload, phase) ({phases})"},
+    ]
+    # the nodes of each workload: where a process of it holds a GPU, or where its ranks spend time in phases (a
+    # rank gone keeps its accounting published for a while, at rate 0)
+    info = [{"record": "workload:goodput_node:info",
+             "expr": f"group by ({c}, {n}, workload) (goodput_gpu_workload_info)\n"
+                     f"or\ngroup by ({c}, {n}, workload) ({phases} > 0)"}]
+    return [where, info, [
         {"record": f"workload_node:goodput_comm_wait_ratio:rate{w}",
          "expr": f"sum without (phase) ({comm_wait})\n  / (sum without (phase) ({phases}) > 0)"},
         # every workload's ranks on the node together: what GoodputFabricCongestion asks of a node
         {"record": f"node:goodput_comm_wait_ratio:rate{w}",
          "expr": f"sum by ({c}, {n}) ({comm_wait})\n  / (sum by ({c}, {n}) ({phases}) > 0)"},
-        # the nodes of each workload: where a process of it holds a GPU, or where its ranks spend time in phases (a
-        # rank gone keeps its accounting published for a while, at rate 0)
-        {"record": "workload:goodput_node:info",
-         "expr": f"group by ({c}, {n}, workload) (goodput_gpu_workload_info)\n"
-                 f"or\ngroup by ({c}, {n}, workload) ({phases} > 0)"},
-    ]
+    ]]
 
 
 def _workload_fabric(s: RulesSettings) -> list[Rule]:
@@ -601,7 +615,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
-        {"name": "goodput.node_health", "rules": _node_health(s)},
+        *_groups(tuple(f"goodput.node_health{part}" for part in ("", "_memory", "_throttled", "_pcie", "_nvlink")),
+                 _node_health(s)),
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
@@ -614,7 +629,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.fabric", "rules": _fabric(s)},
         {"name": "goodput.fabric_link", "rules": _fabric_link(s)},
         {"name": "goodput.fabric_cluster", "rules": _fabric_cluster(s)},
-        {"name": "goodput.workload_node", "rules": _workload_node(s)},
+        *_groups(("goodput.workload_node", "goodput.workload_node_info", "goodput.workload_node_comm_wait"),
+                 _workload_node(s)),
         {"name": "goodput.workload_fabric", "rules": _workload_fabric(s)},
         # the wall-time breakdown reads the phases (goodput.workload) and the accounting; MFU the peaks (slow)
         {"name": "goodput.accounting", "rules": _accounting(s)},
@@ -624,14 +640,14 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.peak_flops", "interval": s.slow_groups_interval, "rules": _peak_flops(s)},
         {"name": "goodput.accounting_totals", "interval": s.slow_groups_interval, "rules": _accounting_totals(s)},
     ]
-    # the class reads the averages the first two record (one evaluation old), the shares the class
-    groups += _groups(("goodput.gpu_activity", "goodput.gpu_pipes", "goodput.gpu_activity_class",
+    # the class reads the averages (one evaluation old), the shares the class
+    groups += _groups((*(f"goodput.gpu_activity.{ratio}" for ratio in ACTIVITY), "goodput.gpu_activity_class",
                        "goodput.gpu_activity_share"), _gpu_activity(s), s.slow_groups_interval)
     for long in s.windows[1:]:
         groups += [
             *_groups((f"goodput.gpu.{long}", f"goodput.gpu_allocation.{long}", f"goodput.rollup.{long}"),
                      _gpu_long(s, long), s.slow_groups_interval),
-            {"name": f"goodput.workload.{long}", "interval": s.slow_groups_interval,
-             "rules": _workload_long(s, long)},
+            *_groups((f"goodput.workload.{long}", f"goodput.workload_rank.{long}"), _workload_long(s, long),
+                     s.slow_groups_interval),
         ]
     return groups

@@ -43,6 +43,9 @@ class Alert:
     description: str
     per_workload: bool = False  # its series name a training workload: annotate the verdict and diagnose command
     names_cluster: bool = False  # its description names the cluster already
+    # its module's group is goodput.alerts.<module>; an alert that reads several series of every GPU on its own
+    # may go in goodput.alerts.<module>_<part>, so that no group takes a second at 10,000 GPUs
+    part: str = ""
 
     def rule(self, s: RulesSettings) -> Rule:
         rule: Rule = {"alert": self.name, "expr": self.expr}

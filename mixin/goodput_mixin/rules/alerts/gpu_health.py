@@ -1,6 +1,7 @@
 """Alerts on a broken or degraded GPU: critical XIDs, uncorrectable ECC errors, a reset due (row remap or page
 retirement pending), throttling, a PCIe link trained below its maximum, NVLink errors.
-Group `goodput.alerts.gpu_health`."""
+Group `goodput.alerts.gpu_health`; throttling, PCIe and NVLink each in a part of their own (`_throttled`, `_pcie`,
+`_nvlink`): each reads several series of every GPU."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             s.throttle_for,
             "A GPU's clocks are held down.",
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} was throttled by "
-            f"power, thermal, board or reliability limits {pct} of the time."),
+            f"power, thermal, board or reliability limits {pct} of the time.", part="throttled"),
         Alert(
             # Width: never below its maximum on a healthy link. Generation: many boards drop it while idle to save
             # power, so it counts only on a GPU busy most of the window; and a healthy link reaches its maximum at
@@ -67,7 +68,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             s.pcie_degraded_for,
             "A GPU's PCIe link runs below what the GPU and its slot allow.",
             f"The PCIe link {{{{ $labels.degraded }}}} of {gpu} is {{{{ $value }}}}, below what the GPU and its slot "
-            "allow: host-device copies run slower."),
+            "allow: host-device copies run slower.", part="pcie"),
         Alert(
             "GoodputGPUNVLinkErrors", "gpu-nvlink-errors.md", "warning",
             f'rate({nvlink}{{error_type=~"crc_flit|crc_data"}}[{short}]) > {s.nvlink_crc_error_rate:g}\n'
@@ -75,5 +76,5 @@ def alerts(s: RulesSettings) -> list[Alert]:
             s.nvlink_errors_for,
             "A GPU's NVLink links keep counting errors.",
             f"The NVLink links of {gpu} count {{{{ $value | printf \"%.2f\" }}}} {{{{ $labels.error_type }}}} errors "
-            "per second together (which link: the runbook)."),
+            "per second together (which link: the runbook).", part="nvlink"),
     ]

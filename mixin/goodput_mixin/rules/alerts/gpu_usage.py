@@ -1,4 +1,4 @@
-"""Alerts on how GPUs are used: allocated but idle, memory about to run out. Group `goodput.alerts.gpu_usage`."""
+"""Alerts on how GPUs are used: allocated but idle. Group `goodput.alerts.gpu_usage`."""
 
 from __future__ import annotations
 
@@ -18,12 +18,4 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "A GPU held by a job sits idle.",
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} is allocated but "
             f"idle {pct} of the time."),
-        Alert(
-            "GoodputGPUMemoryExhaustionSoon", "gpu-memory-exhaustion.md", "warning",
-            f"gpu:goodput_gpu_memory_exhaustion_ratio:predict_linear{s.memory_predict_horizon} > 1\n"
-            f"and goodput_gpu_memory_used_bytes / goodput_gpu_memory_total_bytes > {s.memory_used_ratio}",
-            s.memory_exhaustion_for,
-            "A GPU is about to run out of memory.",
-            f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} is on course to run "
-            f"out of memory within {s.memory_predict_horizon}."),
     ]

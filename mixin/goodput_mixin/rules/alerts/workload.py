@@ -1,6 +1,6 @@
-"""Alerts on a training workload: goodput drops, progress lost to restarts, MFU drops, stragglers, collectives that
-hang or miss a rank. Group `goodput.alerts.workload`. Each names a workload, so each carries its verdict and the
-`diagnose` command (alert.py)."""
+"""Alerts on a training workload's progress: goodput drops, progress lost to restarts, MFU drops. Group
+`goodput.alerts.workload` (its ranks and collectives: `goodput.alerts.collective`). Each names a workload, so each
+carries its verdict and the `diagnose` command (alert.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ def _recorded(s: RulesSettings, record: str) -> str:
 
 def alerts(s: RulesSettings) -> list[Alert]:
     short, base = s.windows[0], s.windows[-1]
-    node = s.node_label
     pct = "{{ $value | humanizePercentage }}"
     wasted = s.wasted_progress_window
     mfu = "workload:goodput_mfu_ratio:rate"
@@ -48,31 +47,5 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "A training workload uses much less of its GPUs' peak FLOPS than it did.",
             f"Workload {{{{ $labels.workload }}}}'s model FLOPs utilization is {_recorded(s, mfu + short)}, {pct} "
             f"below its own {base} baseline of {_recorded(s, mfu + base)}, for {s.mfu_drop_for}.",
-            per_workload=True),
-        Alert(
-            "GoodputStraggler", "straggler.md", "critical",
-            f"workload_rank:goodput_straggler_ratio:rate{short} > {s.straggler_ratio}",
-            s.straggler_for,
-            "One rank of a training workload is much slower than the others.",
-            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} spends {{ $value | printf \"%.2f\" }}x "
-            "the median rank's time per step outside collectives; every other rank waits for it.",
-            per_workload=True),
-        Alert(
-            "GoodputCollectiveHang", "collective-hang.md", "critical",
-            f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"
-            f"and on ({s.cluster_label}, instance, workload, rank)\n"
-            f"  (time() - goodput_flight_recorder_dump_timestamp_seconds < {s.dump_stale_seconds:g})",
-            "0m",
-            "A collective has been waiting for minutes.",
-            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} has waited "
-            "{{ $value | humanizeDuration }} in a collective on process group {{ $labels.pg }} "
-            f"(node {{{{ $labels.{node} }}}}).",
-            per_workload=True),
-        Alert(
-            "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
-            "goodput_collective_missing_rank == 1", s.rank_missing_for,
-            "A rank never joined a collective the others wait in.",
-            "Rank {{ $labels.rank }} of workload {{ $labels.workload }} has not enqueued collective "
-            "{{ $labels.seq }} ({{ $labels.op }}) on process group {{ $labels.pg }} that other ranks wait in.",
             per_workload=True),
     ]
