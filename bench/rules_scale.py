@@ -107,6 +107,11 @@ PHASE_SHARES = {"compute": 0.65, "data_wait": 0.1, "comm_wait": 0.15, "checkpoin
                 "compile": 0, "startup": 0, "other": 0, "untracked": 0.06}
 ACCOUNTING = {"goodput_elapsed_seconds": 1.0, "goodput_downtime_seconds": 0.01, "goodput_wasted_seconds": 0.02,
               "goodput_wasted_compute_seconds": 0.015}
+# the nvml source's health gauges on every GPU: (healthy value, degraded value); one GPU in 997 degraded
+HEALTH_GAUGES = {"up": (1, 0), "pcie_link_generation": (5, 5), "pcie_link_max_generation": (5, 5),
+                 "pcie_link_width": (16, 8), "pcie_link_max_width": (16, 16), "row_remap_failure": (0, 0),
+                 "row_remap_pending": (0, 1)}
+WASTEFUL = 5  # workloads redoing enough steps after restarts that GoodputWastedProgress pages (_long_value)
 DCGM_RATIOS = {"sm": 0.9, "dram": 0.4, "tensor": 0.6, "fp16": 0.1, "fp32": 0.2, "fp64": 0.0}  # x busy
 CLUSTER = 'cluster="gpu-east-1"'  # every target's cluster label
 SERVING = {"vllm": 1400, "sglang": 400, "tgi": 200}  # serving pods per engine
@@ -314,6 +319,16 @@ def _recorded_labels(name: str) -> list[str]:
     raise ValueError(f"{name}: the bench does not know this level's labels; teach _recorded_labels")
 
 
+def _long_value(name: str, label_set: str) -> float:
+    """A long-window input's value over the history: 0.25, but for the seconds redone after restarts, which are the
+    short window's own (ACCOUNTING: a job of 64 ranks redoing 2% of its time, under GoodputWastedProgress's 5%) but
+    on WASTEFUL workloads, which redo 10% and page. At 0.25 everywhere, every workload paged at every evaluation."""
+    if name.startswith("workload:goodput_wasted_seconds:"):
+        wasteful = any(f'workload="job{w}"' in label_set for w in range(WASTEFUL))
+        return 0.1 if wasteful else ACCOUNTING["goodput_wasted_seconds"]
+    return 0.25
+
+
 def _le(engine: Engine, bound: float) -> str:
     """`le` as the engine's client library writes it (engines.py's module docstring)."""
     text = repr(float(bound))
@@ -454,12 +469,20 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                          *((f"goodput_gpu_{name}_active_ratio", "gauge") for name in DCGM_RATIOS),
                          ("goodput_gpu_workload_info", "gauge"), ("goodput_gpu_pod_info", "gauge"),
                          ("goodput_gpu_energy_joules", "counter"), ("goodput_gpu_peak_flops", "gauge"),
+                         *((f"goodput_gpu_{name}", "gauge") for name in HEALTH_GAUGES),
+                         ("goodput_gpu_remapped_rows", "counter"), ("goodput_gpu_nvlink_errors", "counter"),
+                         ("goodput_gpu_numa_mismatch", "gauge"), ("goodput_gpu_last_xid_timestamp_seconds", "gauge"),
+                         ("goodput_host_pressure_stalled_seconds", "counter"),
                          *((name, "counter") for name in ACCOUNTING), ("goodput_model_flops", "counter")):
         declare(family, kind)
         for node in range(NODES):
             inst = f'{CLUSTER},instance="node{node}:9445",job="goodput-exporter"'
             if family == "up":
                 gauge("up", inst, 1)
+            elif family == "goodput_host_pressure_stalled_seconds":
+                for resource in ("cpu", "io", "memory"):
+                    for kind in ("some", "full"):
+                        counter(f"{family}_total", f'{inst},resource="{resource}",kind="{kind}"', 0.001)
             elif family == "goodput_exporter_source_up":
                 for source in ("nvml", "host", "ingest", "flight"):
                     gauge(family, f'{inst},source="{source}"', 1)
@@ -494,6 +517,23 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                             counter(f"{family}_total", f'{labels},reason="{reason}"', 0.01)
                     elif family == "goodput_gpu_xid_errors" and gpu == 0 and node % 100 == 0:
                         counter(f"{family}_total", f'{labels},xid="79"', 0)
+                    elif family == "goodput_gpu_last_xid_timestamp_seconds" and gpu == 0 and node % 100 == 0:
+                        gauge(family, labels, now - HISTORY)
+                    elif family[len("goodput_gpu_"):] in HEALTH_GAUGES:  # a few GPUs degraded, as in a real fleet
+                        name = family[len("goodput_gpu_"):]
+                        degraded = (node * GPUS_PER_NODE + gpu) % 997 == 0
+                        gauge(family, labels, HEALTH_GAUGES[name][degraded])
+                    elif family == "goodput_gpu_remapped_rows":
+                        for kind in ("corrected", "uncorrected"):
+                            counter(f"{family}_total", f'{labels},error_type="{kind}"', 0)
+                    elif family == "goodput_gpu_nvlink_errors":  # the GPU's links together (an H100 has 18)
+                        for kind in ("replay", "recovery", "crc_flit", "crc_data"):
+                            noisy = kind == "crc_flit" and (node * GPUS_PER_NODE + gpu) % 1009 == 0
+                            counter(f"{family}_total", f'{labels},error_type="{kind}"', 150 if noisy else 0,
+                                    integer=True)
+                    elif family == "goodput_gpu_numa_mismatch" and node * GPUS_PER_NODE + gpu < WORKLOADS * RANKS:
+                        rank = (node * GPUS_PER_NODE + gpu) % RANKS  # the rank's process on the GPU
+                        gauge(family, f'{labels},pid="{1000 + rank}"', 0)
                     elif family.endswith("_active_ratio"):  # the dcgm source, on every GPU
                         gauge(family, labels, round(busy * DCGM_RATIOS[family[len("goodput_gpu_"):-13]], 3))
                     elif family.endswith("_info") and node * GPUS_PER_NODE + gpu < WORKLOADS * RANKS:
@@ -549,7 +589,7 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
         recorded = runs(list(range(first - first % EVAL_INTERVAL, end, EVAL_INTERVAL)))
         declare(name, "gauge", recorded)
         for label_set in _recorded_labels(name):
-            gauge(name, label_set, 0.25, recorded)
+            gauge(name, label_set, _long_value(name, label_set), recorded)
     if not ms:
         for stream in {id(stream): stream for stream in opened.values()}.values():
             stream.write("# EOF\n")
@@ -998,8 +1038,11 @@ def markdown(result: Result) -> list[str]:
     lines = [
         "## Rules at cluster scale",
         "",
-        f"Synthetic history of {NODES * GPUS_PER_NODE:,} GPUs ({NODES:,} nodes, DCGM ratios on every GPU), "
-        f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series) and "
+        f"Synthetic history of {NODES * GPUS_PER_NODE:,} GPUs ({NODES:,} nodes, DCGM ratios and the nvml source's "
+        "health series on every GPU: up, PCIe link, row remapping, NVLink error totals, one GPU in 997 degraded; "
+        "no RDMA NICs), "
+        f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series; {WASTEFUL} of them redoing "
+        "enough steps after restarts that GoodputWastedProgress pages) and "
         f"{sum(SERVING.values()):,} serving pods ("
         + ", ".join(f"{count:,} {TITLES[name]}" for name, count in SERVING.items())
         + f"; {MODELS} models; {result.serving_gpus:,} of the GPUs, by their pod info series): "
