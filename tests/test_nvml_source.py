@@ -22,7 +22,7 @@ from exporter.sources.nvml.api import (
 )
 from exporter.sources.nvml.settings import SimulateConfig
 from exporter.sources.nvml.simulated import Pattern, SimulatedGpus, schedule_faults
-from exporter.sources.nvml.source import LINK_ERRORS_EVERY, NvmlSource
+from exporter.sources.nvml.source import LINK_ERRORS_EVERY, NvmlSource, _LinkTotal
 
 
 def setup(count: int = 2, per_link: bool = False, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
@@ -600,17 +600,48 @@ def test_a_driver_without_the_v2_memory_structure_has_no_reserved_memory() -> No
     assert "memory_reserved" in source._gpus[0].unsupported
 
 
-def test_a_failing_nvlink_error_read_is_counted_and_the_total_sums_the_links_that_answered() -> None:
+def test_a_failing_first_nvlink_read_is_counted_and_the_total_waits_for_every_link() -> None:
     clock, sim, source = setup(1, per_link=True)
     clock.advance(1)
     sim.fail("device_nvlink_error_count", UNKNOWN, calls=1)
     batch = source.collect()
     assert batch.errors == ["nvml_unknown"]
-    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4  # link 0's replay counter never read: the other 17 links'
+    # link 0's replay counter never read: the replay total waits for it (published without it, then with it, it
+    # would jump by all the link had counted); the other three are whole
+    assert {labels[2] for labels in batch.values(c.GPU_NVLINK_ERRORS)} == {"recovery", "crc_flit", "crc_data"}
     assert len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4 - 1  # its own series is absent that round only
     clock.advance(LINK_ERRORS_EVERY)
     batch = source.collect()
     assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4
+    assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4
+
+
+def test_a_link_first_read_after_the_total_is_published_adds_only_its_growth() -> None:
+    """A link that never answered for FIRST_ROUNDS rounds, then does with a count from before: the total goes on from
+    where it was, by what the link adds from then on (not by its lifetime count at once)."""
+    clock, sim, source = setup(1)
+    sim.nvlink_errors(0, link=5, seconds=3600)  # link 5 counts 200 CRC flit errors a second from now on
+    clock.advance(100)  # it has counted 20,000 before the daemon first reads it
+    failing = {"on": True}
+    original = sim.device_nvlink_error_count
+
+    def link5_down(handle, link, counter):  # type: ignore[no-untyped-def]
+        if link == 5 and failing["on"]:
+            raise GpuError(UNKNOWN, "link 5 does not answer")
+        return original(handle, link, counter)
+
+    sim.device_nvlink_error_count = link5_down  # type: ignore[method-assign]
+    totals = []
+    for _ in range(_LinkTotal.FIRST_ROUNDS):
+        totals.append(_totals(source.collect()).get("crc_flit"))
+        clock.advance(LINK_ERRORS_EVERY)
+    assert totals[:-1] == [None] * (_LinkTotal.FIRST_ROUNDS - 1)  # waiting for link 5's first answer
+    assert totals[-1] == 0  # then published without it: the other links counted none
+    failing["on"] = False
+    answered = _totals(source.collect())["crc_flit"]
+    assert answered == 0  # its 20,000 + 200 x 30 counted before are not an increase
+    clock.advance(LINK_ERRORS_EVERY)
+    assert _totals(source.collect())["crc_flit"] == 200 * LINK_ERRORS_EVERY  # what it adds from then on
 
 
 def test_an_nvlink_counter_no_link_ever_answered_for_is_absent_not_zero() -> None:

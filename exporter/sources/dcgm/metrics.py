@@ -81,10 +81,10 @@ GPU_DCGM_PCIE_RX = _m(
 GPU_DCGM_NVLINK_TX = _m(
     "goodput_gpu_nvlink_transmit_bytes_per_second", Kind.GAUGE, "bytes_per_second",
     "Bytes per second the GPU sent over all its NVLinks together (DCGM_FI_PROF_NVLINK_TX_BYTES). "
-    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_transmit_bytes_total (per link)"), DCGM_GPU)
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_transmit_bytes_total (summed over the links)"), DCGM_GPU)
 GPU_DCGM_NVLINK_RX = _m(
     "goodput_gpu_nvlink_receive_bytes_per_second", Kind.GAUGE, "bytes_per_second",
     "Bytes per second the GPU received over all its NVLinks together (DCGM_FI_PROF_NVLINK_RX_BYTES). "
-    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_receive_bytes_total (per link)"), DCGM_GPU)
+    + _DCGM_RATE.format(counter="goodput_gpu_nvlink_receive_bytes_total (summed over the links)"), DCGM_GPU)
 
 METRICS = _m.metrics

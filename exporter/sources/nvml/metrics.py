@@ -139,9 +139,11 @@ GPU_NVLINK_RX = _m(
     "goodput_gpu_nvlink_link_receive_bytes_total, behind nvml.nvlink_per_link).", GPU)
 GPU_NVLINK_ERRORS = _m(
     "goodput_gpu_nvlink_errors_total", Kind.COUNTER, "",
-    "NVLink data-link errors since the driver was loaded, summed over the GPU's active NVLink links, by "
-    "error_type: crc_flit and crc_data (corrupted flits and data, each resent), replay (resends), recovery (the "
-    "link retrained). Per-link counts: goodput_gpu_nvlink_link_errors_total, behind nvml.nvlink_per_link.",
+    "NVLink data-link errors summed over the GPU's active NVLink links (NVML's counters, since the driver was "
+    "loaded; a link whose counter the driver reset keeps its earlier count, a link first read late counts from "
+    "then), by error_type: crc_flit and crc_data (corrupted flits and data, each resent), replay (resends), "
+    "recovery (the link retrained). Per-link counts: goodput_gpu_nvlink_link_errors_total, behind "
+    "nvml.nvlink_per_link.",
     (*GPU, "error_type"))
 GPU_NVLINK_LINK_TX = _m(
     "goodput_gpu_nvlink_link_transmit_bytes_total", Kind.COUNTER, "bytes",

@@ -67,14 +67,20 @@ class _Lost(Exception):
 class _LinkTotal:
     """One NVLink counter of a GPU summed over its active links, kept a counter: a link whose read fails counts
     with its last known value, and a link whose counter went back (the driver reset it) keeps what it had counted
-    as an offset. None until some link was read."""
+    as an offset. The first total waits for every link's first answer (up to FIRST_ROUNDS rounds): a total
+    published without a link, then with it, would jump by all that link had counted since the driver was loaded
+    (and a daemon restarting into such a round would publish a drop). A link first read after that counts only what
+    it adds from then on. None until a total is published."""
 
-    __slots__ = ("complete", "last", "offset")
+    __slots__ = ("complete", "last", "offset", "published", "rounds")
+    FIRST_ROUNDS = 3
 
     def __init__(self, links: int) -> None:
         self.last: list[int | None] = [None] * links  # per link, its last reading
-        self.offset = 0  # what the links had counted before their counters went back
+        self.offset = 0  # what the links had counted before their counters went back, less what late links had
         self.complete = False  # every link read at least once
+        self.published = False  # a total was returned
+        self.rounds = 0  # rounds before the first total
 
     def total(self, values: list[int | None]) -> int | None:
         """The total after this round's readings (one per link, None where the read failed)."""
@@ -85,12 +91,20 @@ class _LinkTotal:
         for i, value in enumerate(values):
             if value is not None:
                 before = last[i]
-                if before is not None and value < before:
+                if before is None:
+                    if self.published:  # first read after the total was published: only its growth counts
+                        self.offset -= value
+                elif value < before:
                     self.offset += before
                 last[i] = value
         known = [value for value in last if value is not None]
         self.complete = 0 < len(known) == len(last)
-        return sum(known) + self.offset if known else None
+        if not self.published:
+            self.rounds += 1
+            if not known or (not self.complete and self.rounds < self.FIRST_ROUNDS):
+                return None
+            self.published = True
+        return sum(known) + self.offset
 
 
 @dataclass
