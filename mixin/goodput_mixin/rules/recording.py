@@ -561,8 +561,8 @@ def _workload_node(s: RulesSettings) -> list[list[Rule]]:
     where = [
         {"record": phases,
          "expr": f"sum by ({c}, {n}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
-        # the workload's, summed from its nodes': the ranks' phase counters are read once, here (a second rate over
-        # them took 0.8 s at 10,000 GPUs)
+        # the workload's, summed from its nodes' instead of a rate of its own over the ranks' phase counters (that
+        # second rate over them took 0.8 s at 10,000 GPUs; the straggler's own time is the only other one)
         {"record": f"workload:goodput_phase_seconds:rate{w}",
          "expr": f"sum by ({c}, workload, phase) ({phases})"},
     ]
@@ -632,7 +632,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         *_groups(("goodput.workload_node", "goodput.workload_node_info", "goodput.workload_node_comm_wait"),
                  _workload_node(s)),
         {"name": "goodput.workload_fabric", "rules": _workload_fabric(s)},
-        # the wall-time breakdown reads the phases (goodput.workload) and the accounting; MFU the peaks (slow)
+        # the wall-time breakdown reads the phases (goodput.workload_node) and the accounting; MFU the peaks (slow)
         {"name": "goodput.accounting", "rules": _accounting(s)},
         {"name": "goodput.breakdown", "rules": _breakdown(s)},
         {"name": "goodput.mfu", "rules": _mfu(s)},

@@ -157,8 +157,8 @@ class RulesSettings(BaseModel):
     pcie_degraded_for: str = Field("10m", description="GoodputGPUPCIeLinkDegraded: for how long.")
     nvlink_crc_error_rate: float = Field(
         100, gt=0, description="GoodputGPUNVLinkErrors: CRC errors (flit or data) per second on a GPU's links "
-        "together; 100 is DCGM's health limit, the rate from which the driver team says they matter (each is corrected "
-        "by a replay).")
+        "together (per link before the counters were summed per GPU); 100 is DCGM's health limit, the rate from which "
+        "the driver team says they matter (each is corrected by a replay).")
     nvlink_replay_error_rate: float = Field(
         0.01, gt=0, description="GoodputGPUNVLinkErrors: replays or recoveries (a link retrained) per second on a "
         "GPU's links together; a healthy link has none, DCGM's health check flags any.")
