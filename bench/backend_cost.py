@@ -55,7 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from serving import free_port, wait_ready  # noqa: E402
+from serving import free_port, settle_victoria, wait_ready  # noqa: E402
+from serving import metrics as serving_metrics  # noqa: E402
 
 WORK = ROOT / "bench" / ".work" / "backend-cost"
 GPUS = 8
@@ -253,25 +254,6 @@ class _Node:
 # --- the agents and the stores -----------------------------------------------------------------------------------
 
 
-def _get(port: int, path: str) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
-    conn.request("GET", path)
-    response = conn.getresponse()
-    text = response.read().decode()
-    if response.status >= 300:
-        raise RuntimeError(f"{path}: {response.status} {text[:300]}")
-    return text
-
-
-def _metrics(port: int) -> dict[str, float]:
-    out = {}
-    for line in _get(port, "/metrics").splitlines():
-        if line and line[0] != "#":
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 class _Store:
     """A fresh VictoriaMetrics (as docs/scale-out.md runs it, less -dedup.minScrapeInterval, which would keep one
     sample in 15 of a 1 s scrape) and a vmagent scraping one node into it."""
@@ -304,15 +286,8 @@ class _Store:
 
     def measure(self) -> Store:
         """Flushed and merged: its series, rows and bytes."""
-        _get(self.port, "/internal/force_flush")
-        for month in sorted({time.strftime("%Y_%m", time.gmtime(t)) for t in (time.time() - RUN - 60, time.time())}):
-            _get(self.port, f"/internal/force_merge?partition_prefix={month}")
-        quiet = 0
-        while quiet < 3:  # no merge running for 3 s
-            time.sleep(1)
-            merging = sum(v for k, v in _metrics(self.port).items() if k.startswith("vm_active_merges"))
-            quiet = quiet + 1 if merging == 0 else 0
-        metrics = _metrics(self.port)
+        settle_victoria(self.port, time.time() - RUN - 60, time.time())
+        metrics = serving_metrics(self.port)
         storage = ('{type="storage/small"}', '{type="storage/big"}')
         return Store(int(metrics["vm_new_timeseries_created_total"]),
                      int(sum(metrics[f"vm_rows{kind}"] for kind in storage)),

@@ -76,7 +76,7 @@ from typing import TextIO
 import yaml
 from goodput_mixin.rules.engines import ENGINES, Engine, Native
 from goodput_mixin.rules.objectives import OBJECTIVES
-from serving import free_port, wait_ready
+from serving import free_port, metrics, settle_victoria, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work" / "rules-scale"
@@ -615,13 +615,11 @@ def _per_gpu_series() -> tuple[float, float]:
     try:
         wait_ready(port, "/readyz")
         time.sleep(2)
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        conn.request("GET", "/metrics")
-        lines = [line for line in conn.getresponse().read().decode().splitlines() if line and line[0] != "#"]
+        series = list(metrics(port))
     finally:
         proc.terminate()
         proc.wait(10)
-    return sum('gpu="' in line for line in lines) / 8, len(lines) / 8
+    return sum('gpu="' in name for name in series) / 8, len(series) / 8
 
 
 def _checks() -> list[tuple[str, int]]:
@@ -852,18 +850,6 @@ def _import(port: int, end: int, long_inputs: dict[str, list[int]], seeds: dict[
         raise RuntimeError(f"VictoriaMetrics import: {response.status} {answer[:500]!r} {failed}")
 
 
-def _metrics(port: int) -> dict[str, float]:
-    """A /metrics page as {series: value}."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    conn.request("GET", "/metrics")
-    out = {}
-    for line in conn.getresponse().read().decode().splitlines():
-        if line and line[0] != "#":
-            name, _, value = line.rpartition(" ")
-            out[name] = float(value)
-    return out
-
-
 def _stamp(text: str) -> float:
     """An RFC 3339 UTC time with up to nanoseconds, as Go writes it, in seconds since the epoch."""
     whole, _, fraction = text.rstrip("Z").partition(".")
@@ -908,17 +894,10 @@ def _victoria(rules: list[str], slow: set[str], long_inputs: dict[str, list[int]
         began = time.time()
         moved = -(-int(began + allowance - end) // STEP) * STEP
         _import(port, end + moved, long_inputs, seeds)
-        _get_text(port, "/internal/force_flush")
-        # one part per month instead of the import's many small ones, as background merges would leave them, so
-        # that no merge runs while the groups are measured
+        # one part per month instead of the import's many small ones, so that no merge runs while the groups are
+        # measured
         start = end + moved - AHEAD - HISTORY - max((w for ws in long_inputs.values() for w in ws), default=0)
-        for month in sorted({time.strftime("%Y_%m", time.gmtime(t)) for t in range(start, end + moved + 86400, 86400)}):
-            _get_text(port, f"/internal/force_merge?partition_prefix={month}")
-        quiet = 0
-        while quiet < 3:  # no merge running for 3 s
-            time.sleep(1)
-            merging = sum(v for k, v in _metrics(port).items() if k.startswith("vm_active_merges"))
-            quiet = quiet + 1 if merging == 0 else 0
+        settle_victoria(port, start, end + moved)
         loaded = time.time()
         print(f"rules scale: VictoriaMetrics loaded (import, flush, merge) in {loaded - began:.0f} s", flush=True)
         if loaded > end + moved + 30:
@@ -951,7 +930,7 @@ def _victoria(rules: list[str], slow: set[str], long_inputs: dict[str, list[int]
                         rules[name, i] = (stamp, seconds)
             # a group's time: vmalert_iteration_duration_seconds' sum grows by each evaluation's duration
             sums: dict[str, dict[str, float]] = {}
-            for key, value in _metrics(ruler_port).items():
+            for key, value in metrics(ruler_port).items():
                 match = re.match(r'vmalert_iteration_duration_seconds_(sum|count)\{group="([^"]*)"', key)
                 if match:
                     sums.setdefault(match[2], {})[match[1]] = value
@@ -981,16 +960,6 @@ def _victoria(rules: list[str], slow: set[str], long_inputs: dict[str, list[int]
         _stop(proc)
         log.close()
     return measured, moved
-
-
-def _get_text(port: int, path: str) -> str:
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
-    conn.request("GET", path)
-    response = conn.getresponse()
-    text = response.read().decode()
-    if response.status >= 300:
-        raise RuntimeError(f"{path}: {response.status} {text[:500]}")
-    return text
 
 
 def run() -> Result:

@@ -1,4 +1,5 @@
-"""Local servers for the benchmarks: a free port to start one on, and waiting until it answers."""
+"""Local servers for the benchmarks: a free port to start one on, waiting until it answers, reading a page of it,
+and settling a VictoriaMetrics store before it is measured."""
 
 from __future__ import annotations
 
@@ -25,3 +26,39 @@ def wait_ready(port: int, path: str, timeout: float = 30.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"nothing ready on port {port}{path}")
+
+
+def get_text(port: int, path: str, timeout: float = 120.0) -> str:
+    """A GET's body; an error status raises with the start of the body."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    text = response.read().decode()
+    if response.status >= 300:
+        raise RuntimeError(f"{path}: {response.status} {text[:500]}")
+    return text
+
+
+def metrics(port: int) -> dict[str, float]:
+    """A /metrics page as {series: value}."""
+    out = {}
+    for line in get_text(port, "/metrics", timeout=30).splitlines():
+        if line and line[0] != "#":
+            name, _, value = line.rpartition(" ")
+            out[name] = float(value)
+    return out
+
+
+def settle_victoria(port: int, first: float, last: float) -> None:
+    """Flush a VictoriaMetrics store and merge each month's partition from `first` to `last` (Unix seconds) into one
+    part, as background merges would leave it, then wait until no merge has run for 3 s: what is measured next
+    (its bytes, or queries against it) meets no merge in flight."""
+    get_text(port, "/internal/force_flush", timeout=600)
+    days = [*range(int(first), int(last), 86400), int(last)]
+    for month in sorted({time.strftime("%Y_%m", time.gmtime(t)) for t in days}):
+        get_text(port, f"/internal/force_merge?partition_prefix={month}", timeout=600)
+    quiet = 0
+    while quiet < 3:
+        time.sleep(1)
+        merging = sum(v for k, v in metrics(port).items() if k.startswith("vm_active_merges"))
+        quiet = quiet + 1 if merging == 0 else 0
