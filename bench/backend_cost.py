@@ -55,7 +55,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from serving import free_port, settle_victoria, wait_ready  # noqa: E402
+from serving import free_port, settle_victoria, stop, wait_ready  # noqa: E402
 from serving import metrics as serving_metrics  # noqa: E402
 
 WORK = ROOT / "bench" / ".work" / "backend-cost"
@@ -297,12 +297,7 @@ class _Store:
     def stop(self) -> None:
         for proc in reversed(self.procs):
             if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(30)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait(10)
+                stop(proc)
 
 
 def _churn(node: _Node) -> tuple[int, dict[str, int]]:

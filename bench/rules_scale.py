@@ -76,7 +76,7 @@ from typing import TextIO
 import yaml
 from goodput_mixin.rules.engines import ENGINES, Engine, Native
 from goodput_mixin.rules.objectives import OBJECTIVES
-from serving import free_port, metrics, settle_victoria, wait_ready
+from serving import free_port, metrics, settle_victoria, stop, wait_ready
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "bench" / ".work" / "rules-scale"
@@ -732,15 +732,6 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
-
-
 def _seeds(port: int, chained: dict[str, int]) -> dict[str, tuple[int, list[str]]]:
     """The chained series as a ruler has them: name -> (interval, each series' text up to its timestamp)."""
     seeds = {}
@@ -802,7 +793,7 @@ def _prometheus(rules: list[str], slow: set[str], long_inputs: dict[str, list[in
             raise RuntimeError("Prometheus discarded rule results as out of bounds")
         seeds = _seeds(port, chained)
     finally:
-        _stop(proc)
+        stop(proc, 60)
     return measured, seeds
 
 
@@ -953,11 +944,11 @@ def _victoria(rules: list[str], slow: set[str], long_inputs: dict[str, list[int]
                 raise RuntimeError("vmalert: rules failed:\n" + "\n".join(errors))
             _verify(port, long_inputs)
         finally:
-            _stop(ruler)
+            stop(ruler, 60)
             notifier.shutdown()
         measured.load_s = loaded - began
     finally:
-        _stop(proc)
+        stop(proc, 60)
         log.close()
     return measured, moved
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import subprocess
 import time
 
 
@@ -26,6 +27,16 @@ def wait_ready(port: int, path: str, timeout: float = 30.0) -> None:
             pass
         time.sleep(0.1)
     raise RuntimeError(f"nothing ready on port {port}{path}")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout: float = 30.0) -> None:
+    """Terminate a server and wait for it; kill it if it has not ended within `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
 
 
 def get_text(port: int, path: str, timeout: float = 120.0) -> str:
