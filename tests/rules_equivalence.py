@@ -255,8 +255,8 @@ def _pretrain_steps(s: float) -> float:
     return 1.6 if s >= STRAGGLER else 2.0 + 0.2 * _wave(s, 1200)
 
 
-PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "other",
-          "untracked")
+PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "eval",
+          "other", "untracked")
 LABEL_VALUES: dict[str, dict[str, float] | None] = {  # the engines' own labels: value -> share of the requests
     "engine": {"0": 1}, "engine_type": {"unified": 1}, "is_streaming": {"true": 0.7, "false": 0.3},
     "tp_rank": {"0": 1}, "pp_rank": {"0": 1}, "moe_ep_rank": {"0": 1}, "dp_rank": None, "priority": None,

@@ -90,7 +90,7 @@ def test_installing_the_client_brings_nothing_else(client_env: Venv) -> None:
     assert set(client_env.shipped) <= {"pip", "setuptools"}
     result = subprocess.run([str(client_env.python), "-c", METADATA_REPORT], env=client_env.environ(),
                             capture_output=True, text=True, timeout=60, check=True, cwd=client_env.root)
-    assert json.loads(result.stdout) == {"version": "0.1.0", "requires": None, "requires_python": ">=3.11",
+    assert json.loads(result.stdout) == {"version": "0.1.0", "requires": None, "requires_python": ">=3.9",
                                          "license": "Apache-2.0"}
 
 

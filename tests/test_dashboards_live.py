@@ -196,7 +196,7 @@ def test_the_same_alerts_fire_through_vmalert(ran: Run) -> None:
 
 # The buckets of workload:goodput_breakdown_ratio (issue 19): together they are the workload's wall time.
 BUCKETS = {"productive", "wasted_progress", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore",
-           "compile", "startup", "other", "untracked", "downtime"}
+           "compile", "startup", "eval", "other", "untracked", "downtime"}
 
 
 def test_where_the_time_went_adds_to_100_percent(ran: Run) -> None:

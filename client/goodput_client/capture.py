@@ -136,7 +136,7 @@ def flight(request: Request, rank: int) -> Answer:
             return request.id, "flight", "unsupported", "", 0, "this PyTorch has no torch.distributed"
         if not dist.is_initialized():
             return request.id, "flight", "unsupported", "", 0, "no process group is initialized in this process"
-        path = os.path.join(request.dir, flight_dump_name(rank))  # type: ignore[arg-type]
+        path = os.path.join(request.dir, flight_dump_name(rank))  # type: ignore[arg-type,call-overload]
         return request.id, "flight", "written", path, dump_flight(path), ""
     except ImportError as exc:
         return request.id, "flight", "unsupported", "", 0, _message(exc)
@@ -174,7 +174,7 @@ class Profile:
         self.request = request
         self.rank = rank
         self.steps: int = request.steps  # type: ignore[assignment]  # checked by profile_problem
-        self.path = os.path.join(request.dir, profile_trace_name(rank))  # type: ignore[arg-type]
+        self.path = os.path.join(request.dir, profile_trace_name(rank))  # type: ignore[arg-type,call-overload]
         self._answer = answer
         self._lock = threading.Lock()
         self._profiler: Any = None

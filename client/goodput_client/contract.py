@@ -96,7 +96,8 @@ from __future__ import annotations
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
 EVENT_TYPES = ("step", "phase", "lifecycle", "request", "capture")
-PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "other")
+PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "eval",
+          "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
 # Deprecated phase names, still accepted on the wire and by the client for one release, and what they count as.
 DEPRECATED_PHASES = {"checkpoint": "checkpoint_save"}

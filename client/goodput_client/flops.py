@@ -14,7 +14,7 @@ def _positive(name: str, value: object, *, whole: bool) -> None:
     if isinstance(value, bool) or not isinstance(value, int if whole else (int, float)):
         kind = "an int" if whole else "a number"
         raise ValueError(f"{name}={value!r}: expected {kind} > 0")
-    if not 0 < value < float("inf"):  # NaN fails too
+    if not 0 < value < float("inf"):  # type: ignore[operator]  # an int or float, checked above; NaN fails too
         raise ValueError(f"{name}={value!r}: expected a finite number > 0")
 
 

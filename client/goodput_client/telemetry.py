@@ -180,7 +180,7 @@ def _required_time(value: float | None, name: str) -> float:
 
 
 def _count(value: int, name: str) -> int:
-    if isinstance(value, float) and not value.is_integer():
+    if isinstance(value, float) and not value.is_integer():  # type: ignore[attr-defined]  # a float, not an int
         raise _Invalid(f"{name}={value!r} is not a whole number")
     value = int(value)
     if not 0 <= value <= MAX_COUNT:
@@ -360,6 +360,8 @@ class Telemetry:
     GOODPUT_CAPTURES=0 when `captures` is None) answers every request "disabled". With captures on, the sender
     also polls the daemon after CAPTURE_POLL_SECONDS with nothing to send, so that a hung loop is still asked.
     A job that is never asked pays one attribute check per step.
+
+    `since`: a time.perf_counter() reading before now at which elapsed time starts (default: now).
     """
 
     def __init__(
@@ -381,6 +383,7 @@ class Telemetry:
         flops_per_token: float | None = None,
         dtype: str = DEFAULT_FLOPS_DTYPE,
         captures: bool | None = None,
+        since: float | None = None,
     ) -> None:
         from .transport import Transport
 
@@ -459,8 +462,11 @@ class Telemetry:
         self._thread = threading.Thread(target=self._run, name="goodput-telemetry", daemon=True)
         self._thread.start()
         atexit.register(self.close)
-        self._t0 = _perf()  # elapsed 0: every event's elapsed_seconds counts from here
-        self.started_at = time.time()  # the same instant on the wall clock
+        # elapsed 0: every event's elapsed_seconds counts from here (`since`, an earlier time.perf_counter() reading:
+        # the process's start, for a reporter made after it, as goodput-instrument's is)
+        now = _perf()
+        self._t0 = now if since is None or not since <= now else since
+        self.started_at = time.time() - (now - self._t0)  # the same instant on the wall clock
         self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at))
 
     # --- the hot path: called from the training loop ----------------------------------------------
@@ -491,7 +497,7 @@ class Telemetry:
 
     def phase(self, name: str) -> _Phase:
         """`with telemetry.phase("data_wait"):` — one of PHASES: compute, data_wait, comm_wait,
-        checkpoint_save, checkpoint_restore, compile, startup, other. The deprecated "checkpoint" is
+        checkpoint_save, checkpoint_restore, compile, startup, eval, other. The deprecated "checkpoint" is
         recorded as "checkpoint_save", another name as "other" (each logged once), never raised.
 
         The phase event carries the elapsed time at the block's end. While a phase block is open, a step
@@ -627,7 +633,7 @@ class Telemetry:
             request.output_tokens = output_tokens
             itl = request._itl
             for gap in inter_token_seconds:
-                gap = _time(gap, "inter_token_seconds")
+                gap = _time(gap, "inter_token_seconds")  # type: ignore[assignment]  # not None: gap is not
                 itl[bisect_left(ITL_BUCKETS, gap)] += 1
                 request.itl_sum += gap
             self._submit_request(request, finish_reason)
@@ -827,7 +833,7 @@ class Telemetry:
 
     def _send_pending(self) -> None:
         while self._queue:
-            batch = []
+            batch: list[tuple] = []  # type: ignore[type-arg]
             while self._queue and len(batch) < self.max_batch:
                 batch.append(self._queue.popleft())
             problem = self._send(batch)

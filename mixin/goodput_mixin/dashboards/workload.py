@@ -30,11 +30,12 @@ from .kit import (
 LEVEL = LEVELS[5]
 
 # The buckets of workload:goodput_breakdown_ratio, each in a fixed colour: goodput green, lost progress and downtime
-# red, waiting on data or peers orange and purple, checkpoints blue, compile and startup yellow, the rest grey.
+# red, waiting on data or peers orange and purple, checkpoints blue, compile and startup yellow, evaluation light
+# purple, the rest grey.
 BUCKET_COLORS = {
     "productive": "green", "wasted_progress": "red", "data_wait": "orange", "comm_wait": "purple",
     "checkpoint_save": "blue", "checkpoint_restore": "light-blue", "compile": "yellow", "startup": "light-yellow",
-    "other": "#8f8f8f", "untracked": "#c7c7c7", "downtime": "dark-red",
+    "eval": "light-purple", "other": "#8f8f8f", "untracked": "#c7c7c7", "downtime": "dark-red",
 }
 # What the ranks' lasting step-time shifts up say of the job (workload:goodput_step_time_shift:info), shown by the
 # Step-time shift panel as the value at its index: no shift, a straggler, a job-wide regression.
@@ -123,13 +124,13 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(timeseries_panel(
         "Where the time went", "The job's wall time split into buckets that add to 100%: productive compute; "
         "wasted_progress (compute of steps redone since the last checkpoint); the waits and overheads data_wait, "
-        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup and other; untracked (run time no phase "
+        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, eval and other; untracked (run time no phase "
         "covers); downtime (between a crash and the restart). Wall time includes the downtime and the redone steps.",
         "percentunit", [(f"{names.rule('workload', 'goodput_breakdown_ratio', 'rate')}{f()}", "{{bucket}}")],
         stacked=True, max_value=1, width=24, colors=BUCKET_COLORS))
     d = d.with_panel(timeseries_panel(
         "Goodput and badput by phase", "Share of the job's run time per phase: compute is goodput; data_wait, "
-        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, other and untracked (time no phase "
+        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, eval, other and untracked (time no phase "
         "covers) are badput. The largest badput band says which level to open: data_wait -> Host, comm_wait -> "
         "Collectives.",
         "percentunit", [(f"{names.rule('workload', 'goodput_ratio', 'rate')}{f()}", "compute (goodput)"),

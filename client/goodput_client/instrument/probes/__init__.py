@@ -1,0 +1,21 @@
+"""The registry of probes, one per library or part of PyTorch, each installed when its module is imported.
+GOODPUT_INSTRUMENT_PROBES_OFF names those to leave out."""
+
+from __future__ import annotations
+
+from .base import Probe
+from .checkpoint import CheckpointProbe, DistributedCheckpointProbe
+from .collectives import CollectivesProbe
+from .compile import CompileProbe
+from .dataloader import DataLoaderProbe
+from .evaluation import EvalProbe
+from .flops import FlopsProbe
+from .lightning import LightningProbe
+from .optimizer import OptimizerProbe
+from .transformers import TransformersProbe
+
+PROBES: tuple[type[Probe], ...] = (OptimizerProbe, DataLoaderProbe, CheckpointProbe, DistributedCheckpointProbe,
+                                   CollectivesProbe, CompileProbe, EvalProbe, FlopsProbe, TransformersProbe,
+                                   LightningProbe)
+
+__all__ = ["PROBES", "Probe"]

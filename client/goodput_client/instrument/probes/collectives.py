@@ -1,0 +1,44 @@
+"""comm_wait: the time a rank is blocked in a collective of torch.distributed: a blocking call (all_reduce,
+all_gather, broadcast, barrier, ...), or `Work.wait()` on an asynchronous one. With gloo the CPU waits there for the
+slowest peer, so this is the rank's wait for its peers (plus the transfer). With NCCL a collective returns once it
+is enqueued on the GPU: what is timed is the enqueue only. Collectives issued from C++ (DistributedDataParallel's
+gradient all-reduce, waited for inside backward) are not seen: that wait stays in the step's compute."""
+
+from __future__ import annotations
+
+from .base import Probe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
+               "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
+               "monitored_barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
+               "scatter_object_list")
+
+
+class CollectivesProbe(Probe):
+    name = "comm_wait"
+    modules = ("torch.distributed",)
+
+    def install(self, module: Any) -> None:
+        from torch.distributed import distributed_c10d
+
+        for owner in (distributed_c10d, module):
+            for attribute in COLLECTIVES:
+                if hasattr(owner, attribute):
+                    self.patch(owner, attribute, self._blocking)
+        work = getattr(getattr(module, "distributed_c10d", None), "Work", None)
+        if work is not None:
+            self.patch(work, "wait", self.timed("comm_wait"))
+
+    def _blocking(self, original: Any) -> Any:
+        """A collective, timed unless asked for asynchronously (then its Work.wait is)."""
+        timed = self.timed("comm_wait")(original)
+
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            if kwargs.get("async_op"):
+                return original(*args, **kwargs)
+            return timed(*args, **kwargs)
+        return collective

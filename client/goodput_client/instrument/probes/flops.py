@@ -1,0 +1,62 @@
+"""Model FLOPs of a plain loop's step, with GOODPUT_FLOPS=measure: one optimizer step (the second: the first pays
+one-off costs) runs under torch.utils.flop_counter.FlopCounterMode, which counts the FLOPs of every matrix
+multiplication and convolution, forward and backward; the steps after it carry that figure. The measured step runs
+slower (every operator goes through the counter's Python dispatch), once. Off by default."""
+
+from __future__ import annotations
+
+import contextlib
+
+from .base import Probe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class FlopsProbe(Probe):
+    name = "flops"
+    modules = ("torch",)
+
+    def install(self, torch: Any) -> None:
+        if not self.recorder.settings.measure_flops:
+            self.on = False
+            return
+        from torch.optim import optimizer
+
+        self._mode: Any = None
+        self._counted = 0
+        self._handle = optimizer.register_optimizer_step_post_hook(self._after_step)
+
+    def _after_step(self, optimizer: object, args: object, kwargs: object) -> None:
+        if self.on:
+            try:
+                self.after_step(optimizer)
+            except Exception as exc:
+                self.failed(exc)
+
+    def after_step(self, optimizer: object) -> None:
+        recorder = self.recorder
+        if recorder.primary != id(optimizer) or recorder.stepping is not None:
+            return
+        if self._mode is not None:  # the measured step ends here
+            mode, self._mode = self._mode, None
+            mode.__exit__(None, None, None)
+            flops = float(mode.get_total_flops())
+            recorder.flops_source = lambda: flops
+            self._counted = -1  # done: no other step is measured
+            return
+        self._counted += 1
+        if self._counted == 1 and recorder.flops_source is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._mode = FlopCounterMode(display=False)
+            self._mode.__enter__()
+
+    def removed(self) -> None:
+        # the hook stays registered (it returns at once once off): see OptimizerProbe
+        mode = getattr(self, "_mode", None)
+        if mode is not None:
+            self._mode = None
+            with contextlib.suppress(Exception):  # leaving the counter is all that is left to do
+                mode.__exit__(None, None, None)

@@ -1,0 +1,56 @@
+"""PyTorch Lightning Trainer: a callback added to every Trainer times its validation runs as eval, exactly (from
+on_validation_start to on_validation_end, the sanity check's included), and reads the global step at the start of
+training; Trainer.save_checkpoint is checkpoint_save. Both `lightning` and `pytorch_lightning` are watched."""
+
+from __future__ import annotations
+
+from .base import Probe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class LightningProbe(Probe):
+    name = "lightning"
+    modules = ("lightning.pytorch.trainer.trainer", "pytorch_lightning.trainer.trainer")
+
+    def install(self, module: Any) -> None:
+        package = module.__name__.split(".trainer", 1)[0]  # lightning.pytorch, pytorch_lightning
+        import importlib
+
+        callback_base = importlib.import_module(f"{package}.callbacks").Callback
+        probe = self
+
+        class GoodputInstrumentCallback(callback_base):  # type: ignore[misc,valid-type]
+            def __init__(self) -> None:
+                self._eval: list[float | None] = []
+
+            def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+                if probe.on:
+                    try:
+                        probe.recorder.activate("lightning Trainer.fit")
+                        probe.recorder.resumed(int(trainer.global_step or 0))
+                    except Exception as exc:
+                        probe.failed(exc)
+
+            def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+                if probe.on:
+                    self._eval.append(probe.start())
+
+            def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+                if probe.on and self._eval:
+                    probe.finish("eval", self._eval.pop())
+
+        def make(original: Any) -> Any:
+            def __init__(trainer: Any, *args: Any, **kwargs: Any) -> None:
+                original(trainer, *args, **kwargs)
+                if probe.on:
+                    try:
+                        trainer.callbacks.append(GoodputInstrumentCallback())
+                    except Exception as exc:
+                        probe.failed(exc)
+            return __init__
+
+        self.patch(module.Trainer, "__init__", make)
+        self.patch(module.Trainer, "save_checkpoint", self.timed("checkpoint_save"))

@@ -1,0 +1,87 @@
+"""Hugging Face Trainer: training starts at Trainer.train (its global step then, when it resumed from a checkpoint,
+is where the steps count on from); Trainer.evaluate is eval, exactly; Trainer._save_checkpoint (the model's
+safetensors, the optimizer, the scheduler and the trainer state) is checkpoint_save and _load_from_checkpoint is
+checkpoint_restore; each step's model FLOPs are what the Trainer counts itself (its `floating_point_ops` of each
+micro-batch, 6 x parameters x tokens, which it sums into `total_flos`), summed over the step's micro-batches."""
+
+from __future__ import annotations
+
+from .base import Probe
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+
+class TransformersProbe(Probe):
+    name = "transformers"
+    modules = ("transformers.trainer",)
+
+    def install(self, module: Any) -> None:
+        trainer_class = module.Trainer
+        for attribute, phase in (("evaluate", "eval"), ("_save_checkpoint", "checkpoint_save"),
+                                 ("_load_from_checkpoint", "checkpoint_restore")):
+            if hasattr(trainer_class, attribute):
+                self.patch(trainer_class, attribute, self.timed(phase))
+        self.patch(trainer_class, "train", self._train)
+        self._flops = 0.0
+        if hasattr(trainer_class, "floating_point_ops"):
+            self.patch(trainer_class, "floating_point_ops", self._counting)
+        self._callback_class = self._make_callback(module)
+
+    def _train(self, original: Any) -> Any:
+        probe = self
+
+        def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            if probe.on:
+                try:
+                    probe.starting(trainer)
+                except Exception as exc:
+                    probe.failed(exc)
+            return original(trainer, *args, **kwargs)
+        return train
+
+    def starting(self, trainer: Any) -> None:
+        """Before Trainer.train: the callback that reads the global step at the start, and the FLOPs source."""
+        if not any(isinstance(c, self._callback_class) for c in trainer.callback_handler.callbacks):
+            trainer.add_callback(self._callback_class())
+        self._flops = 0.0
+
+        def flops() -> float | None:
+            counted, self._flops = self._flops, 0.0
+            return counted if counted > 0 else None
+
+        self.recorder.flops_source = flops
+
+    def _counting(self, original: Any) -> Any:
+        """Trainer.floating_point_ops, called once per micro-batch of training: its figures, summed per step."""
+        probe = self
+
+        def floating_point_ops(trainer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(trainer, *args, **kwargs)
+            if probe.on:
+                try:
+                    probe._flops += float(result)
+                except Exception as exc:
+                    probe.failed(exc)
+            return result
+        return floating_point_ops
+
+    def _make_callback(self, module: Any) -> type:
+        probe = self
+
+        class GoodputInstrumentCallback(module.TrainerCallback):  # type: ignore[misc,name-defined]
+            """goodput-instrument's: the global step at the start of training."""
+
+            def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+                if probe.on:
+                    try:
+                        probe.recorder.activate("transformers.Trainer.train")
+                        probe.recorder.resumed(int(state.global_step or 0))
+                    except Exception as exc:
+                        probe.failed(exc)
+
+        return GoodputInstrumentCallback
+
+    def removed(self) -> None:
+        self.recorder.flops_source = None

@@ -1,0 +1,334 @@
+"""The process's automatic reporter: what the probes measured, turned into the client's events.
+
+Time is cut into windows, one per optimizer step: from the end of one step (or the start of training) to the end of
+the next. The probes report phases as they end (data_wait, comm_wait, checkpoint_save, checkpoint_restore, compile,
+eval); at the end of a window its step is sent, and "compute" is the rest of the window, the time no other phase
+covers. Only the outermost phase counts: a torch.save inside a Trainer's checkpoint, a DataLoader wait inside an
+evaluation, are its outer phase's time. So the phases never overlap, and with the "startup" phase (interpreter start
+to the start of training) and the untracked rest (after the last step) they add up to the process's elapsed time.
+
+Training starts (the reporter activates) when the process builds its first optimizer, or a Trainer starts: a
+process that never does (pip, a DataLoader worker, a tokenizer helper, `python -c`) never opens the socket. What the
+probes saw before (a checkpoint loaded, a model compiled) is sent then. Only the thread that started training is
+measured.
+
+An explicit `Telemetry` made in the process takes precedence: events go into it rather than into a second reporter,
+and only for what it does not report itself (steps, or a phase by name, once it was asked for them), and never
+while one of its phase blocks is open. One made after training started takes over from the automatic reporter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+import threading
+import time
+
+from ..contract import DEFAULT_SOCKET, SOCKET_ENV
+from ..telemetry import Telemetry
+from .probes.base import LOGGER
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .settings import Settings
+
+_perf = time.perf_counter
+# the unpatched method (watch_explicit wraps it to learn what an explicit Telemetry reports)
+_record_step = Telemetry.record_step
+NOT_STEP = frozenset({"eval", "checkpoint_save", "checkpoint_restore", "compile", "startup"})  # outside the step
+
+
+def _log() -> logging.Logger:
+    return logging.getLogger(LOGGER)
+
+
+class Recorder:
+    """One per process (made by the bootstrap). Hot-path methods check `self.live` first."""
+
+    def __init__(self, settings: Settings, boot: float) -> None:
+        self.settings = settings
+        self.boot = boot  # perf_counter at interpreter start (the sitecustomize)
+        self.state = "waiting"  # waiting: no training seen yet; active; off
+        self.thread = threading.main_thread().ident  # the measured thread
+        self.telemetry: Telemetry | None = None  # where events go: the automatic reporter, or the explicit one
+        self.own = False  # whether self.telemetry is the automatic one
+        self.explicit: Telemetry | None = None
+        self.explicit_kinds: set[str] = set()
+        self.probes: list = []  # type: ignore[type-arg]
+        self.depth = 0  # phases open now (only the outermost counts)
+        self.held: list[tuple[str, float]] | None = None  # phases inside a block that may turn out to be eval
+        self.grad_off = 0  # no_grad / inference_mode blocks open now
+        self.pre: dict[str, float] = {}  # phases seen before training started: seconds by name
+        self.making = False  # the automatic Telemetry is being made (it is not an explicit one)
+        self.window_start = 0.0
+        self.window_other = 0.0  # seconds of the window's phases other than compute
+        self.window_excluded = 0.0  # of which outside the step (eval, checkpoints, compile)
+        self.samples = self.tokens = 0
+        self.held_samples = self.held_tokens = 0
+        self.stepping: object = None  # the optimizer whose step is running (the outermost one)
+        self.primary: int | None = None  # id() of the optimizer whose steps are counted
+        self.steps = 0
+        self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
+        self.trainer_step: int | None = None  # a Trainer's global step at the start of training
+
+    @property
+    def live(self) -> bool:
+        return self.state != "off" and threading.get_ident() == self.thread
+
+    # --- activation ----------------------------------------------------------------------------------
+
+    def activate(self, why: str) -> None:
+        """Training starts in this process (its first optimizer, or a Trainer's start)."""
+        if self.state != "waiting" or threading.get_ident() != self.thread:
+            return
+        mp = sys.modules.get("multiprocessing")
+        if mp is not None and mp.parent_process() is not None:  # a worker process of the job, not a rank
+            self.turn_off(None)
+            return
+        if self.explicit is not None:
+            self.telemetry, self.own = self.explicit, False
+        else:
+            telemetry = self._reporter()
+            if telemetry is None:
+                return
+            self.telemetry, self.own = telemetry, True
+            for name, seconds in self.pre.items():
+                _put_phase(telemetry, name, seconds, elapsed=False)
+            # the rest of the time since the interpreter started, and with it the elapsed time so far
+            _put_phase(telemetry, "startup", max(0.0, _perf() - self.boot - sum(self.pre.values())), elapsed=True)
+        self.pre.clear()
+        self.state = "active"
+        self.window_start = _perf()
+        self.window_other = self.window_excluded = 0.0
+        _log().debug("goodput-instrument: training started (%s) as %s/%s", why, self.telemetry.workload,
+                     self.telemetry.rank)
+
+    def _reporter(self) -> Telemetry | None:
+        path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+        if not os.path.exists(path):
+            _log().warning("goodput-instrument: no goodput-exporter socket at %s; this process is not instrumented",
+                           path)
+            self.turn_off(None)
+            return None
+        workload, rank = self.identity()
+        self.making = True
+        try:
+            telemetry = Telemetry(workload, rank, socket_path=path, since=self.boot, dtype=self._dtype())
+        finally:
+            self.making = False
+        directory = self.settings.flight_dir
+        if os.path.isdir(directory) and "flight" not in self.settings.probes_off:
+            telemetry.dump_flight_recorder(directory, self.settings.flight_interval)
+        return telemetry
+
+    def _dtype(self) -> str:
+        from ..contract import FLOPS_DTYPES
+
+        return self.settings.flops_dtype if self.settings.flops_dtype in FLOPS_DTYPES else "bf16"
+
+    def identity(self) -> tuple[str | None, int | None]:
+        """The launcher's (as the explicit client names it), else GOODPUT_WORKLOAD / GOODPUT_RANK, else the process
+        group's rank and the host and script."""
+        from ..launcher import rank_from, workload_from
+
+        workload = workload_from(os.environ) or self.settings.workload
+        rank = rank_from(os.environ)
+        if rank is None:
+            rank = self.settings.rank
+        if rank is None:
+            dist = sys.modules.get("torch.distributed")
+            with contextlib.suppress(Exception):  # no process group: rank 0
+                if dist is not None and dist.is_available() and dist.is_initialized():
+                    rank = int(dist.get_rank())
+        if workload is None:
+            import socket
+
+            script = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+            from ..launcher import valid_workload
+
+            name = f"{socket.gethostname().partition('.')[0]}/{script}"
+            workload = name if valid_workload(name) else None
+        return workload, rank
+
+    def turn_off(self, why: str | None) -> None:
+        """This process is not measured: every probe removed, so the job runs as without them."""
+        self.state = "off"
+        if why:
+            _log().warning("goodput-instrument: %s", why)
+        for probe in self.probes:
+            with contextlib.suppress(Exception):  # best effort: a probe left on checks the state
+                probe.uninstrument()
+
+    def after_fork(self) -> None:
+        """In a forked child (a DataLoader worker): nothing of the parent's reporter, nothing measured."""
+        self.state = "off"
+        self.telemetry = None
+
+    # --- the explicit client ---------------------------------------------------------------------------
+
+    def explicit_made(self, telemetry: Telemetry) -> None:
+        if self.explicit is not None:
+            return
+        self.explicit = telemetry
+        if self.state == "active" and self.own and threading.get_ident() == self.thread:
+            own, self.telemetry, self.own = self.telemetry, telemetry, False
+            with contextlib.suppress(Exception):  # the job's own reporter goes on regardless
+                own.close()  # type: ignore[union-attr]
+
+    def _sink(self, kind: str) -> Telemetry | None:
+        telemetry = self.telemetry
+        if telemetry is None or self.state != "active":
+            return None
+        if not self.own and (kind in self.explicit_kinds or telemetry._open):
+            return None  # the explicit reporter has it, or its open phase covers this time
+        return telemetry
+
+    # --- phases ----------------------------------------------------------------------------------------
+
+    def begin(self) -> float | None:
+        """A phase starts: its start time, or None when not measured (the matching `end` then does nothing)."""
+        if self.state == "off" or threading.get_ident() != self.thread:
+            return None
+        self.depth += 1
+        return _perf()
+
+    def end(self, name: str, started: float | None) -> None:
+        if started is None:
+            return
+        seconds = _perf() - started
+        self.depth -= 1
+        if self.depth > 0:
+            return
+        if self.depth < 0:
+            self.depth = 0
+        if self.held is not None:
+            self.held.append((name, seconds))
+        else:
+            self.phase(name, seconds)
+
+    def phase(self, name: str, seconds: float) -> None:
+        """A phase that ended now, outside any other."""
+        if self.state == "waiting":
+            self.pre[name] = self.pre.get(name, 0.0) + seconds
+            return
+        self.window_other += seconds
+        if name in NOT_STEP:
+            self.window_excluded += seconds
+        telemetry = self._sink(name)
+        if telemetry is not None:
+            _put_phase(telemetry, name, seconds, elapsed=False)
+
+    def batch(self, samples: int, tokens: int) -> None:
+        if self.held is not None:
+            self.held_samples += samples
+            self.held_tokens += tokens
+        else:
+            self.samples += samples
+            self.tokens += tokens
+
+    # --- evaluation in plain loops: no_grad / inference_mode blocks that run a forward pass --------------
+
+    def grad_off_enter(self) -> bool:
+        """A no_grad or inference_mode block opens; True when it is a candidate evaluation (the outermost such
+        block, outside any phase and any optimizer step, in a training process)."""
+        self.grad_off += 1
+        if (self.grad_off == 1 and self.depth == 0 and self.held is None and self.stepping is None
+                and self.state == "active" and threading.get_ident() == self.thread):
+            self.held = []
+            self.held_samples = self.held_tokens = 0
+            return True
+        return False
+
+    def grad_off_exit(self, candidate: bool, seconds: float, forward: bool) -> None:
+        self.grad_off = max(0, self.grad_off - 1)
+        if not candidate:
+            return
+        held, self.held = self.held or [], None
+        if forward and not any(name == "eval" for name, _ in held):
+            # an evaluation: its whole block, the waits for its batches included (unless a framework's own hooks
+            # timed the evaluation inside it, exactly)
+            self.phase("eval", seconds)
+            return
+        for name, inner in held:
+            self.phase(name, inner)
+        self.samples += self.held_samples
+        self.tokens += self.held_tokens
+
+    # --- steps -----------------------------------------------------------------------------------------
+
+    def step_begins(self, optimizer: object) -> None:
+        if self.stepping is None:
+            self.stepping = optimizer
+
+    def step_ends(self, optimizer: object) -> None:
+        if self.stepping is not optimizer:
+            return  # an optimizer stepped inside another's step (a wrapper's inner one)
+        self.stepping = None
+        if self.state != "active" or threading.get_ident() != self.thread:
+            return
+        if self.primary is None:
+            self.primary = id(optimizer)
+        elif self.primary != id(optimizer):
+            return  # a second optimizer (a GAN's discriminator): the first one's steps are the job's steps
+        now = _perf()
+        window = now - self.window_start
+        compute = window - self.window_other
+        duration = window - self.window_excluded
+        samples, tokens = self.samples, self.tokens
+        self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
+        self.samples = self.tokens = 0
+        self.steps += 1
+        flops = None
+        if self.flops_source is not None:
+            flops = self.flops_source()
+        telemetry = self._sink("compute")
+        if telemetry is not None:
+            _put_phase(telemetry, "compute", max(0.0, compute), elapsed=True)
+        telemetry = self._sink("step")
+        if telemetry is not None:
+            _record_step(telemetry, duration, tokens, samples, flops=flops)
+
+    def resumed(self, step: int) -> None:
+        """A Trainer resumed training after its global step `step`: the steps count on from there."""
+        telemetry = self._sink("step")
+        if telemetry is not None and step > 0:
+            telemetry.lifecycle("restart", resumed_from_step=step)
+
+
+def _put_phase(telemetry: Telemetry, name: str, seconds: float, *, elapsed: bool) -> None:
+    """Queue a phase event. Only the events that end a window (the step's compute, the start-up) carry the elapsed
+    time: the daemon counts elapsed time no phase covers as untracked at once, and a phase reported inside a window
+    whose compute is not sent yet would leave that compute untracked as well as computed."""
+    telemetry._put(("phase", name, seconds, _perf() - telemetry._t0 if elapsed else None))
+
+
+def watch_explicit(recorder: Recorder) -> None:
+    """Patch Telemetry so that an explicit one in the process is known, with what it reports."""
+    original_init = Telemetry.__init__
+
+    def __init__(self: Telemetry, *args: object, **kwargs: object) -> None:
+        original_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        if recorder.making or (recorder.own and self is recorder.telemetry):
+            return
+        with contextlib.suppress(Exception):  # never into the job
+            recorder.explicit_made(self)
+
+    def marking(kind: str | None, method: Callable) -> Callable:  # type: ignore[type-arg]
+        def wrapper(self: Telemetry, *args: object, **kwargs: object) -> object:
+            if self is recorder.explicit:
+                recorder.explicit_kinds.add(kind if kind is not None else str(args[0] if args else
+                                                                               kwargs.get("name", "")))
+            return method(self, *args, **kwargs)
+        wrapper.__wrapped__ = method  # type: ignore[attr-defined]
+        wrapper.__doc__ = method.__doc__
+        return wrapper
+
+    __init__.__doc__ = original_init.__doc__
+    Telemetry.__init__ = __init__  # type: ignore[method-assign]
+    for attribute, kind in (("step", "step"), ("record_step", "step"), ("phase", None), ("record_phase", None),
+                            ("data_wait", "data_wait")):
+        setattr(Telemetry, attribute, marking(kind, getattr(Telemetry, attribute)))
