@@ -58,6 +58,9 @@ class Recorder:
         self.own = False  # whether self.telemetry is the automatic one
         self.explicit: Telemetry | None = None
         self.explicit_kinds: set[str] = set()
+        # into an explicit reporter, phases wait for the first optimizer step: by then the loop has called whatever
+        # the explicit one reports itself (its step block, its phases), and those kinds are left to it
+        self.deferred: dict[str, float] | None = None
         self.probes: list = []  # type: ignore[type-arg]
         self.depth = 0  # phases open now (only the outermost counts)
         self.held: list[tuple[str, float]] | None = None  # phases inside a block that may turn out to be eval
@@ -91,6 +94,7 @@ class Recorder:
             return
         if self.explicit is not None:
             self.telemetry, self.own = self.explicit, False
+            self.deferred = {}
         else:
             telemetry = self._reporter()
             if telemetry is None:
@@ -176,6 +180,7 @@ class Recorder:
         self.explicit = telemetry
         if self.state == "active" and self.own and threading.get_ident() == self.thread:
             own, self.telemetry, self.own = self.telemetry, telemetry, False
+            self.deferred = {}
             with contextlib.suppress(Exception):  # the job's own reporter goes on regardless
                 own.close()  # type: ignore[union-attr]
 
@@ -219,7 +224,11 @@ class Recorder:
         if name in NOT_STEP:
             self.window_excluded += seconds
         telemetry = self._sink(name)
-        if telemetry is not None:
+        if telemetry is None:
+            return
+        if self.deferred is not None:
+            self.deferred[name] = self.deferred.get(name, 0.0) + seconds
+        else:
             _put_phase(telemetry, name, seconds, elapsed=False)
 
     def batch(self, samples: int, tokens: int) -> None:
@@ -282,6 +291,12 @@ class Recorder:
         self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
         self.samples = self.tokens = 0
         self.steps += 1
+        if self.deferred is not None:  # the explicit reporter's kinds are known now
+            deferred, self.deferred = self.deferred, None
+            for name, seconds in deferred.items():
+                sink = self._sink(name)
+                if sink is not None:
+                    _put_phase(sink, name, seconds, elapsed=False)
         flops = None
         if self.flops_source is not None:
             flops = self.flops_source()

@@ -15,7 +15,7 @@ def _inject() -> None:
     from goodput_client.instrument.probes import PROBES
 
     # where each probe's own code runs, inside its guard
-    points = {"steps": "ended", "eval": "closed", "flops": "after_step"}
+    points = {"steps": "ended", "eval": "evaluated", "flops": "after_step"}
     for probe_class in PROBES:
         if probe_class.name not in wanted:
             continue
@@ -24,7 +24,7 @@ def _inject() -> None:
         fail_at = int(wanted[probe_class.name])
         calls = [0]
 
-        def faulty(self, *args, _original=original, _calls=calls, _fail_at=fail_at, _name=probe_class.name):  # noqa: ANN001, ANN002, ANN202
+        def faulty(self, *args, _original=original, _calls=calls, _fail_at=fail_at, _name=probe_class.name):
             _calls[0] += 1
             if _calls[0] == _fail_at:
                 raise RuntimeError(f"fault injected into probe {_name}")

@@ -54,8 +54,11 @@ def _chain() -> None:
     spec.loader.exec_module(module)
 
 
+_OFF = ("0", "false", "no", "off")  # GOODPUT_INSTRUMENT values that load nothing (settings.ENABLE_ENV)
+
 try:
-    if sys.version_info >= (3, 9):  # noqa: UP036 - an older interpreter may find this file on its path
+    # an older interpreter may find this file on its path: it runs without the instrumentation
+    if sys.version_info >= (3, 9) and os.environ.get("GOODPUT_INSTRUMENT", "1").strip().lower() not in _OFF:
         _load_client()
         from goodput_client.instrument.boot import boot
 

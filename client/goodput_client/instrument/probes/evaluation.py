@@ -77,7 +77,14 @@ class EvalProbe(Probe):
             return
         _, started, handle, seen = entry
         handle.remove()
-        self.recorder.grad_off_exit(True, _perf() - started, seen[0])
+        if seen[0]:
+            self.evaluated(_perf() - started)
+        else:
+            self.recorder.grad_off_exit(True, 0.0, False)
+
+    def evaluated(self, seconds: float) -> None:
+        """A block that ran a forward pass ends: an evaluation of `seconds`."""
+        self.recorder.grad_off_exit(True, seconds, True)
 
     def removed(self) -> None:
         for entry in getattr(self, "_stack", ()):

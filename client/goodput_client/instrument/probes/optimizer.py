@@ -58,5 +58,8 @@ class OptimizerProbe(Probe):
     def ended(self, optimizer: object) -> None:
         self.recorder.step_ends(optimizer)
 
+    def removed(self) -> None:
+        self.recorder.stepping = None  # a step this probe saw begin is not waited for
+
     # the global hooks stay registered once off (they return at once): removing one while PyTorch iterates over
     # them, as a hook that fails would, raises into the job's optimizer.step()

@@ -1,0 +1,99 @@
+"""goodput-instrument itself: the command, the sitecustomize it puts on PYTHONPATH (loaded in every Python process,
+chaining to the one already there), silence in processes that do not train, and one log line when there is no
+daemon. Real interpreters and real PyTorch; no daemon needed. Plus the client's Python 3.9 floor, checked statically."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import ROOT
+
+BIN = Path(sys.executable).parent
+TRAIN_ONE_STEP = ("import torch; p = torch.zeros(2, requires_grad=True); o = torch.optim.SGD([p], lr=0.1); "
+                  "p.sum().backward(); o.step(); print('trained')")
+
+
+def instrumented(*args: str, env: dict[str, str] | None = None, cwd: Path | None = None,
+                 ) -> subprocess.CompletedProcess[str]:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_") and k != "PYTHONPATH"}
+    environment.update(env or {})
+    return subprocess.run([str(BIN / "goodput-instrument"), *args], env=environment, capture_output=True, text=True,
+                          timeout=120, cwd=cwd)
+
+
+def test_usage_without_a_command() -> None:
+    result = instrumented()
+    assert result.returncode == 2 and "usage: goodput-instrument COMMAND" in result.stderr
+    assert instrumented("--help").returncode == 0
+    missing = instrumented("no-such-command-here")
+    assert missing.returncode == 127 and "cannot run 'no-such-command-here'" in missing.stderr
+
+
+def test_the_sitecustomize_loads_in_every_interpreter_and_chains_to_the_images_own(tmp_path: Path) -> None:
+    own = tmp_path / "image"
+    own.mkdir()
+    (own / "sitecustomize.py").write_text("import os\nos.environ['IMAGE_SITECUSTOMIZE'] = 'ran'\n")
+    child = ("import subprocess, sys; print(subprocess.run([sys.executable, '-c', "
+             "'import os, sys; print(os.environ.get(\"IMAGE_SITECUSTOMIZE\"), "
+             "\"goodput_client.instrument.boot\" in sys.modules)'], capture_output=True, text=True).stdout)")
+    result = instrumented(sys.executable, "-c", child, env={"PYTHONPATH": str(own)})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["ran", "True"]  # in a grandchild: the image's own ran, and ours
+    assert result.stderr == ""
+
+
+def test_processes_that_do_not_train_stay_silent(tmp_path: Path) -> None:
+    """pip, `python -c` importing torch, a DataLoader with a worker process: no connection to the daemon, nothing
+    printed."""
+    path = str(tmp_path / "ingest.sock")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as server:
+        server.bind(path)
+        server.listen(8)
+        server.setblocking(False)
+        env = {"GOODPUT_INGEST_SOCKET_PATH": path}
+        pip = instrumented(str(BIN / "pip"), "--version", env=env)
+        assert pip.returncode == 0 and pip.stdout.startswith("pip ") and pip.stderr == ""
+        loader = ("import torch; from torch.utils.data import DataLoader; "
+                  "print(sum(len(b) for b in DataLoader(list(range(8)), batch_size=4, num_workers=1)))")
+        result = instrumented(sys.executable, "-c", loader, env=env)
+        assert result.returncode == 0 and result.stdout.split() == ["8"], result.stderr
+        assert "goodput" not in result.stderr
+        try:
+            connection, _ = server.accept()
+        except BlockingIOError:
+            connection = None
+        assert connection is None  # nobody connected
+
+
+def test_no_daemon_socket_is_one_log_line_and_the_job_runs(tmp_path: Path) -> None:
+    result = instrumented(sys.executable, "-c", TRAIN_ONE_STEP,
+                          env={"GOODPUT_INGEST_SOCKET_PATH": str(tmp_path / "absent.sock")})
+    assert result.returncode == 0 and result.stdout.split() == ["trained"]
+    lines = [line for line in result.stderr.splitlines() if "goodput" in line]
+    assert lines == [f"goodput-instrument: no goodput-exporter socket at {tmp_path / 'absent.sock'}; this process "
+                     "is not instrumented"]
+
+
+def test_turned_off_it_loads_nothing() -> None:
+    result = instrumented(sys.executable, "-c", "import sys; print('goodput_client' in sys.modules)",
+                          env={"GOODPUT_INSTRUMENT": "0"})
+    assert result.stdout.split() == ["False"]
+
+
+def test_the_client_is_python_3_9_code() -> None:
+    """No 3.9 interpreter here: mypy checks the client against 3.9's standard library and syntax, vermin finds the
+    lowest version each construct needs."""
+    client = str(ROOT / "client" / "goodput_client")
+    mypy = subprocess.run([str(BIN / "mypy"), "--python-version", "3.9", "--no-incremental", "--no-site-packages",
+                           "--ignore-missing-imports", client], capture_output=True, text=True, timeout=300)
+    assert mypy.returncode == 0, mypy.stdout[-3000:]
+    vermin = subprocess.run([str(BIN / "vermin"), "--no-tips", "--violations", "--eval-annotations", "-t=3.9-",
+                             client], capture_output=True, text=True, timeout=300)
+    assert vermin.returncode == 0, vermin.stdout[-3000:]
+    assert "Minimum required versions: 3.9" in subprocess.run(
+        [str(BIN / "vermin"), "--no-tips", "--eval-annotations", client], capture_output=True, text=True,
+        timeout=300).stdout
