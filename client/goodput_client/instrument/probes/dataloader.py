@@ -47,6 +47,11 @@ class DataLoaderProbe(Probe):
     def count(self, batch: Any) -> None:
         tensor = self._tensor
         samples = tokens = 0
+        if type(batch) in (tuple, list):  # the commonest: (inputs, targets)
+            first = batch[0] if batch else None
+            if isinstance(first, tensor) and first.dim():
+                self.recorder.batch(int(first.shape[0]), 0)
+                return
         if isinstance(batch, tensor):
             samples = batch.shape[0] if batch.dim() else 1
         elif isinstance(batch, dict) or hasattr(batch, "keys"):
