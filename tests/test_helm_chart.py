@@ -36,6 +36,7 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
                                     {"operator": "Exists"}],
                     "nodeSelector": None, "runtimeClassName": "nvidia", "priorityClassName": "system-node-critical"},
     "dcgm-exporter": {"dcgm": {"enabled": True}},
+    "instrument-example": {"instrumentExample": {"enabled": True}},
     "dcgm-embedded": {"dcgm": {"enabled": True, "mode": "bindings", "hostengine": "embedded"}},
     "host-pid": {"hostPID": True, "sysPtrace": True},
     "pod-labels": {"kubelet": {"podLabels": ["team", "app.kubernetes.io/name"]}},

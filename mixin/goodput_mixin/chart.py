@@ -165,10 +165,12 @@ def values_schema() -> dict[str, Any]:
         "extraArgs": {"type": "array", "items": _STR}, "extraEnv": _LIST,
         "port": {"type": "integer", "minimum": 1, "maximum": 65535},
         "livenessProbe": _PROBE, "readinessProbe": _PROBE,
-        "ingest": _object({"enabled": _BOOL, "hostDir": _ABS_PATH,
+        "ingest": _object({"enabled": _BOOL, "hostDir": _ABS_PATH, "publishClient": _BOOL,
                            "stateHostDir": {"type": "string", "pattern": "^(/.*)?$"},  # "": in memory only
                            "captureHostDir": {"type": "string", "pattern": "^(/.*)?$"}}),  # "": no captures
         "flight": _object({"enabled": _BOOL, "hostDir": _ABS_PATH}),
+        "instrumentExample": _object({"enabled": _BOOL, "image": _STR,
+                                      "command": {"type": "array", "items": _STR, "minItems": 1}}),
         "kubelet": _object({
             "enabled": _BOOL, "podResourcesHostDir": _ABS_PATH,
             "podLabels": {"type": "array", "items": {"type": "string", "minLength": 1}, "uniqueItems": True},

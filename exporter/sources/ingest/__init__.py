@@ -37,4 +37,5 @@ def _build(node: Node, settings: Any) -> Source:
 
 
 SPEC = SourceSpec("ingest", "Training jobs (source `ingest`, from `POST /v1/events`)", IngestConfig, METRICS,
-                  _build, chart_managed=frozenset({"enabled", "socket_path", "state_dir", "capture_dir"}))
+                  _build, chart_managed=frozenset({"enabled", "socket_path", "state_dir", "capture_dir",
+                                                            "client_dir"}))

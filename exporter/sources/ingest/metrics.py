@@ -19,8 +19,9 @@ SAMPLES = _m("goodput_samples_total", Kind.COUNTER, "", "Samples processed by co
 PHASE_SECONDS = _m(
     "goodput_phase_seconds_total", Kind.COUNTER, "seconds",
     "Seconds the rank spent per phase: compute (useful work); data_wait, comm_wait, checkpoint_save, "
-    "checkpoint_restore, compile, startup, eval (evaluation passes), other (badput, as the job reported it); untracked (its elapsed time "
-    "that no reported phase covers). All phases together make goodput_elapsed_seconds_total.", (*WR, "phase"))
+    "checkpoint_restore, compile, startup, eval (evaluation passes), other (badput, as the job reported it); "
+    "untracked (its elapsed time that no reported phase covers). All phases together make "
+    "goodput_elapsed_seconds_total.", (*WR, "phase"))
 ELAPSED = _m(
     "goodput_elapsed_seconds_total", Kind.COUNTER, "seconds",
     "Wall time the rank's processes ran on this node, as they reported it, over all their restarts: the sum of "

@@ -104,6 +104,12 @@ class IngestConfig(SourceConfig):
         "traces and flight-recorder dumps, one directory per capture, DIR/<workload>/<id>, and DIR/index.json "
         "listing them (`goodput-exporter captures` prints it). Training pods must see it at the same path. Empty: "
         "captures are off.")
+    client_dir: str = Field(
+        "", description="Directory (absolute) the daemon publishes the training client it ships into at start, for "
+        "goodput-instrument with no install in the jobs' images: DIR/<version>/ holds goodput-instrument's "
+        "sitecustomize and the goodput_client package, and DIR/current points at the version published last (a "
+        "version written whole, then renamed into place). Training pods mount DIR read-only and set "
+        "PYTHONPATH=DIR/current. Empty: not published.")
     capture_workloads: list[str] = Field(
         [], description="Workloads that opted in to captures: glob patterns of workload names (comma-separated in a "
         "flag or variable), e.g. llama-*; empty: none.")
@@ -129,6 +135,13 @@ class IngestConfig(SourceConfig):
     def _check_capture_dir(cls, value: str) -> str:
         if value and not os.path.isabs(value):
             raise ValueError(f"{value!r} is not an absolute path: ranks are sent it and must find it")
+        return value.rstrip("/") or value
+
+    @field_validator("client_dir")
+    @classmethod
+    def _check_client_dir(cls, value: str) -> str:
+        if value and not os.path.isabs(value):
+            raise ValueError(f"{value!r} is not an absolute path: pods mount it at the path they are given")
         return value.rstrip("/") or value
 
     @field_validator("capture_workloads")

@@ -11,6 +11,7 @@ from ..base import Source, SourceError
 from .captures import Captures
 from .changepoint import StepTimeDetector
 from .listener import IngestServer
+from .publish import publish_client
 from .settings import IngestConfig
 from .state import IngestState
 from .statefile import StateFile
@@ -27,6 +28,7 @@ class IngestSource(Source):
         self.server = server
         self.captures = captures  # None: ingest.capture_dir is empty, captures are off
         self.listen_error: str | None = None  # set when the events socket could not be opened
+        self.client_dir = ""  # ingest.client_dir: where the training client is published at start
 
     @classmethod
     def from_settings(cls, settings: IngestConfig) -> IngestSource:
@@ -47,9 +49,16 @@ class IngestSource(Source):
         captures = Captures.from_settings(settings) if settings.capture_dir else None
         if captures is not None and not settings.capture_workloads:
             log.warning("ingest: capture_dir is set but capture_workloads names no workload; nothing is captured")
-        return cls(state, IngestServer(settings, state, captures), captures)
+        source = cls(state, IngestServer(settings, state, captures), captures)
+        source.client_dir = settings.client_dir
+        return source
 
     def start(self) -> None:
+        if self.client_dir:
+            try:
+                publish_client(self.client_dir)
+            except OSError as exc:  # the events API still serves; jobs that opted in run uninstrumented
+                log.error("ingest: the training client could not be published in %s: %s", self.client_dir, exc)
         if self.server is None:
             return
         try:

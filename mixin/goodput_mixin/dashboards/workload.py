@@ -124,8 +124,9 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(timeseries_panel(
         "Where the time went", "The job's wall time split into buckets that add to 100%: productive compute; "
         "wasted_progress (compute of steps redone since the last checkpoint); the waits and overheads data_wait, "
-        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, eval and other; untracked (run time no phase "
-        "covers); downtime (between a crash and the restart). Wall time includes the downtime and the redone steps.",
+        "comm_wait, checkpoint_save, checkpoint_restore, compile, startup, eval and other; untracked (run time no "
+        "phase covers); downtime (between a crash and the restart). Wall time includes the downtime and the redone "
+        "steps.",
         "percentunit", [(f"{names.rule('workload', 'goodput_breakdown_ratio', 'rate')}{f()}", "{{bucket}}")],
         stacked=True, max_value=1, width=24, colors=BUCKET_COLORS))
     d = d.with_panel(timeseries_panel(

@@ -1,0 +1,88 @@
+"""Publishing the training client this daemon ships (goodput_client, with goodput-instrument's sitecustomize) into a
+node directory, for training pods to mount read-only and put on PYTHONPATH: the instrumentation then always matches
+the daemon's version, with nothing installed in the jobs' images.
+
+    DIR/<version>-<digest>/sitecustomize.py     goodput-instrument's, booting the package beside it
+    DIR/<version>-<digest>/goodput_client/...   the package, as installed with the daemon
+    DIR/current -> <version>-<digest>           what a pod's PYTHONPATH names: DIR/current
+
+A version is written whole into a temporary directory and renamed into place; `current` is a symbolic link, replaced
+by a rename: a pod starting at any moment sees one whole version. Processes already running keep the version they
+loaded (the sitecustomize resolves `current` once); the version before stays, older ones are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import goodput_client
+
+log = logging.getLogger(__name__)
+
+CURRENT = "current"
+SITECUSTOMIZE = Path(goodput_client.__file__).parent / "instrument" / "autoload" / "sitecustomize.py"
+
+
+def _sources(package: Path) -> list[Path]:
+    return sorted(p for p in package.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+                  and p.suffix in (".py", ".typed"))
+
+
+def version_name(package: Path | None = None) -> str:
+    """`<client version>-<digest of its files>`: a new name whenever a file changes."""
+    package = package or Path(goodput_client.__file__).parent
+    digest = hashlib.sha256()
+    for path in _sources(package):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return f"{goodput_client.__version__}-{digest.hexdigest()[:12]}"
+
+
+def publish_client(directory: str) -> Path:
+    """Publish the client into `directory` (made if missing) and point `current` at it; returns its folder."""
+    package = Path(goodput_client.__file__).parent
+    root = Path(directory)
+    root.mkdir(parents=True, exist_ok=True)
+    name = version_name(package)
+    target = root / name
+    if not target.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=root))
+        try:
+            for path in _sources(package):
+                destination = staging / "goodput_client" / path.relative_to(package)
+                destination.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(path, destination)
+            shutil.copyfile(SITECUSTOMIZE, staging / "sitecustomize.py")
+            for folder, _, files in os.walk(staging):
+                os.chmod(folder, 0o755)
+                for file in files:
+                    os.chmod(os.path.join(folder, file), 0o644)
+            os.rename(staging, target)
+        except OSError:
+            shutil.rmtree(staging, ignore_errors=True)
+            if not target.is_dir():  # another daemon may have published the same version meanwhile
+                raise
+    link = root / CURRENT
+    previous = os.readlink(link) if link.is_symlink() else None
+    staged_link = root / f".{CURRENT}-{os.getpid()}"
+    with contextlib.suppress(FileNotFoundError):
+        staged_link.unlink()
+    os.symlink(name, staged_link)
+    os.replace(staged_link, link)
+    _prune(root, {name, previous or name})
+    log.info("ingest: published the training client %s in %s (PYTHONPATH=%s)", name, target, link)
+    return target
+
+
+def _prune(root: Path, keep: set[str]) -> None:
+    """Remove older versions and leftovers of interrupted publications."""
+    for entry in root.iterdir():
+        if entry.name == CURRENT or entry.name in keep or entry.is_symlink():
+            continue
+        if entry.is_dir() and (entry.name.startswith(".publish-") or entry.name.split("-")[0][:1].isdigit()):
+            shutil.rmtree(entry, ignore_errors=True)
