@@ -88,8 +88,8 @@ class Recorder:
         """Training starts in this process (its first optimizer, or a Trainer's start)."""
         if self.state != "waiting" or threading.get_ident() != self.thread:
             return
-        mp = sys.modules.get("multiprocessing")
-        if mp is not None and mp.parent_process() is not None:  # a worker process of the job, not a rank
+        data = sys.modules.get("torch.utils.data")
+        if data is not None and data.get_worker_info() is not None:  # a DataLoader worker (spawned), not a rank
             self.turn_off(None)
             return
         if self.explicit is not None:

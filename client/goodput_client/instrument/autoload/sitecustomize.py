@@ -8,7 +8,7 @@ import sys
 
 
 def _here() -> str:
-    return os.path.dirname(os.path.abspath(__file__))
+    return os.path.dirname(os.path.realpath(__file__))  # DIR/current resolved: later imports read the same version
 
 
 def _package_dir() -> str:
