@@ -11,6 +11,8 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -77,7 +79,9 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
         def run(name: str, command: list[str], env: dict[str, str], out: Path, ranks: int, steps: int,
                 own_name: str | None = None) -> Run:
             """Run the job; an instrumented one's workload is the one new on /metrics once its steps are there."""
+            started = time.perf_counter()
             result = _run(command, env, out)
+            print(f"{name}: {time.perf_counter() - started:.1f} s")
             prefix = f"{name}-" if own_name is None else own_name
             own = {rank: json.loads((out / f"{prefix}rank-{rank}.json").read_text()) for rank in range(ranks)}
             workload, text = None, ""
@@ -122,18 +126,24 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
             return run(name, command, env, out, ranks, steps)
 
         runs = found.runs
-        runs["plain"] = job_venv("plain", True, GOODPUT_FLOPS="measure")
-        runs["bare"] = job_venv("bare", False)
-        runs["faults"] = job_venv("faults", True, steps=FAULTS["steps"] - 1, GOODPUT_FLOPS="measure",
-                                  PYTHONPATH=str(JOBS / "faults"),
-                                  GOODPUT_TEST_FAULTS=",".join(f"{k}:{v}" for k, v in FAULTS.items()))
-        runs["explicit"] = job_venv("explicit", True, script="train_ddp.py", steps=6, SOCKET=sock, STEPS="6")
-        runs["hf"] = dev("hf", "hf_trainer.py", 1, 8, GOODPUT_WORKLOAD="hf-trainer")
-        runs["hf-bare"] = dev("hf-bare", "hf_trainer.py", 1, 8, instrumented=False)
-        runs["lightning"] = dev("lightning", "lightning_ddp.py", 2, 6, MASTER_PORT=str(free_port()))
-        runs["lightning-bare"] = dev("lightning-bare", "lightning_ddp.py", 2, 6, instrumented=False,
-                                    MASTER_PORT=str(free_port()))
-        runs["misc"] = dev("misc", "misc_single.py", 1, 6, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+        with ThreadPoolExecutor(2) as pool:  # each job beside its run without the wrapper: the 2 cores are mostly
+            # waiting on imports and start-up; the comparisons are of spans timed twice inside one process
+            bare = pool.submit(job_venv, "bare", False)
+            runs["plain"] = job_venv("plain", True, GOODPUT_FLOPS="measure")
+            runs["bare"] = bare.result()
+            runs["faults"] = job_venv("faults", True, steps=FAULTS["steps"] - 1, GOODPUT_FLOPS="measure",
+                                      PYTHONPATH=str(JOBS / "faults"),
+                                      GOODPUT_TEST_FAULTS=",".join(f"{k}:{v}" for k, v in FAULTS.items()))
+            runs["explicit"] = job_venv("explicit", True, script="train_ddp.py", steps=6, SOCKET=sock, STEPS="6")
+            bare = pool.submit(dev, "hf-bare", "hf_trainer.py", 1, 8, instrumented=False)
+            runs["hf"] = dev("hf", "hf_trainer.py", 1, 8, GOODPUT_WORKLOAD="hf-trainer")
+            runs["hf-bare"] = bare.result()
+            bare = pool.submit(dev, "lightning-bare", "lightning_ddp.py", 2, 6, instrumented=False,
+                               MASTER_PORT=str(free_port()))
+            runs["lightning"] = dev("lightning", "lightning_ddp.py", 2, 6, MASTER_PORT=str(free_port()))
+            runs["lightning-bare"] = bare.result()
+            runs["misc"] = dev("misc", "misc_single.py", 1, 6, MASTER_ADDR="127.0.0.1",
+                               MASTER_PORT=str(free_port()))
         found.text = live.metrics()
         assert _workloads(live) == seen  # the jobs run without the wrapper reported nothing
         yield found
