@@ -101,18 +101,19 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                 text = live.metrics()
             return Run(name, own, result.stderr, workload, text)
 
-        def job_venv(name: str, instrumented: bool, script: str = "plain_ddp.py", steps: int = 12,
-                     **extra: str) -> Run:
+        def job_venv(name: str, instrumented: bool, script: str = "plain_ddp.py", steps: int = 12, ranks: int = 2,
+                     launcher: tuple[str, ...] = (), **extra: str) -> Run:
             out = top / name
             out.mkdir()
             copy = out / script  # outside the checkout: nothing of it on the job's path
             shutil.copyfile(JOBS / script if (JOBS / script).exists() else ROOT / "tests" / script, copy)
             env = job_env.environ(OUT_DIR=str(out), RUN_NAME=name, GOODPUT_INGEST_SOCKET_PATH=sock,
                                   GOODPUT_FLIGHT_DIR=str(flight), GOODPUT_FLIGHT_INTERVAL="0.3", **extra)
-            command = [str(job_env.bin("torchrun")), "--standalone", "--nproc-per-node", "2", str(copy)]
+            command = [str(job_env.bin("torchrun")), "--standalone", "--nproc-per-node", str(ranks), *launcher,
+                       str(copy)]
             if instrumented:
                 command = [str(job_env.bin("goodput-instrument")), *command]
-            return run(name, command, env, out, 2, steps, None if script == "plain_ddp.py" else "")
+            return run(name, command, env, out, ranks, steps, None if script == "plain_ddp.py" else "")
 
         def dev(name: str, script: str, ranks: int, steps: int, instrumented: bool = True, **extra: str) -> Run:
             out = top / name
@@ -144,6 +145,9 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
             runs["lightning-bare"] = bare.result()
             runs["misc"] = dev("misc", "misc_single.py", 1, 6, MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port()))
+            # one rank, failing after step 6 and restarted by torchrun: it resumes from its step-4 checkpoint
+            runs["restart"] = job_venv("restart", True, ranks=1, steps=10, launcher=("--max-restarts", "1"),
+                                       STEPS="8", SAVE_EVERY="4", EVAL_EVERY="100", CRASH_AFTER="6", RESUME="1")
         found.text = live.metrics()
         assert _workloads(live) == seen  # the jobs run without the wrapper reported nothing
         yield found
@@ -215,7 +219,7 @@ def test_the_wrapper_changes_nothing_the_job_computes(runs: Runs) -> None:
 def test_jobs_without_the_wrapper_report_nothing(runs: Runs) -> None:
     workloads = {row["workload"] for row in series(runs.text, "goodput_elapsed_seconds_total")}
     instrumented = {run.workload for run in runs.runs.values() if run.workload}
-    assert len(instrumented) == 6 and workloads == instrumented, workloads ^ instrumented
+    assert len(instrumented) == 7 and workloads == instrumented, workloads ^ instrumented
     assert all(run.workload is None for name, run in runs.runs.items() if name.endswith("bare"))
 
 
@@ -288,3 +292,16 @@ def test_compile_grad_scaler_and_distributed_checkpoints(runs: Runs) -> None:
     phases = _accounted(text, misc.workload, 0)
     for phase in ("compile", "checkpoint_save", "checkpoint_restore", "comm_wait"):
         assert phases[phase] > 0, phase
+
+
+def test_a_restarted_plain_loop_resumes_from_its_checkpoints_step(runs: Runs) -> None:
+    """torchrun restarts the rank after it failed past step 6; the new process loads its step-4 checkpoint (a dict
+    holding "step") before training: its steps count on from 5, and steps 5 and 6, done twice, are wasted progress."""
+    restart = runs.runs["restart"]
+    text = restart.text
+    labels = _labels(restart.workload, 0)
+    assert restart.own[0]["resumed_from"] == 4 and restart.own[0]["steps"] == 4  # the second attempt's own count
+    assert value(text, "goodput_steps_total", **labels) == 6 + 4
+    assert value(text, "goodput_step_number", **labels) == 8
+    assert value(text, "goodput_wasted_steps_total", **labels) == 2
+    assert value(text, "goodput_downtime_seconds_total", **labels) > 0

@@ -5,6 +5,10 @@ steps, an evaluation pass every EVAL_EVERY steps, the loss averaged across ranks
 It times itself the way a job's own logs would (its optimizer steps, its waits on the training DataLoader, its saves,
 its evaluations) and writes them with its losses to $OUT_DIR/<run>-rank-N.json, for the tests of goodput-instrument
 to compare against what the daemon recorded. Run by torchrun from tests/test_instrument_jobs.py.
+
+Like most training scripts it resumes from its checkpoint when one is there (RESUME=1). CRASH_AFTER=N makes its
+first attempt (TORCHELASTIC_RESTART_COUNT 0) fail after step N: a fault from its environment, for torchrun to
+restart it.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 STEPS = int(os.environ.get("STEPS", "12"))
 SAVE_EVERY = int(os.environ.get("SAVE_EVERY", "4"))
 EVAL_EVERY = int(os.environ.get("EVAL_EVERY", "6"))
+CRASH_AFTER = int(os.environ.get("CRASH_AFTER", "0"))
 BATCH = 8
 FEATURES = 32
 
@@ -50,10 +55,17 @@ def main() -> None:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     train = DataLoader(Records(STEPS * BATCH * world, seed=1 + rank), batch_size=BATCH, num_workers=2)
     val = DataLoader(Records(4 * BATCH, seed=100 + rank), batch_size=BATCH, num_workers=0)
-    own = {"steps": 0, "data_wait": 0.0, "checkpoint_save": 0.0, "eval": 0.0, "losses": [], "eval_losses": []}
+    own = {"steps": 0, "data_wait": 0.0, "checkpoint_save": 0.0, "eval": 0.0, "losses": [], "eval_losses": [],
+           "resumed_from": 0}
     out = os.environ["OUT_DIR"]
+    checkpoint = os.path.join(out, f"checkpoint-rank-{rank}.pt")
+    if os.environ.get("RESUME") and os.path.exists(checkpoint):
+        state = torch.load(checkpoint)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        own["resumed_from"] = state["step"]
     iterator = iter(train)
-    for step in range(1, STEPS + 1):
+    for step in range(own["resumed_from"] + 1, STEPS + 1):
         started = time.perf_counter()
         x, y = next(iterator)
         own["data_wait"] += time.perf_counter() - started
@@ -69,7 +81,7 @@ def main() -> None:
         if step % SAVE_EVERY == 0:
             state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step}
             started = time.perf_counter()
-            torch.save(state, os.path.join(out, f"checkpoint-rank-{rank}.pt"))
+            torch.save(state, checkpoint)
             own["checkpoint_save"] += time.perf_counter() - started
         if step % EVAL_EVERY == 0:
             model.eval()
@@ -79,6 +91,8 @@ def main() -> None:
             own["eval"] += time.perf_counter() - started
             own["eval_losses"].append(total)
             model.train()
+        if step == CRASH_AFTER and os.environ.get("TORCHELASTIC_RESTART_COUNT") == "0":
+            raise SystemExit(f"rank {rank}: failing after step {step} (CRASH_AFTER)")
     own["run"] = os.environ.get("TORCHELASTIC_RUN_ID", "")
     with open(os.path.join(out, f"{os.environ.get('RUN_NAME', 'run')}-rank-{rank}.json"), "w") as file:
         json.dump(own, file)

@@ -76,7 +76,7 @@ class Recorder:
         self.primary: int | None = None  # id() of the optimizer whose steps are counted
         self.steps = 0
         self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
-        self.trainer_step: int | None = None  # a Trainer's global step at the start of training
+        self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
 
     @property
     def live(self) -> bool:
@@ -96,7 +96,7 @@ class Recorder:
             self.telemetry, self.own = self.explicit, False
             self.deferred = {}
         else:
-            telemetry = self._reporter()
+            telemetry = self._reporter(self.loaded_step)
             if telemetry is None:
                 return
             self.telemetry, self.own = telemetry, True
@@ -111,7 +111,7 @@ class Recorder:
         _log().debug("goodput-instrument: training started (%s) as %s/%s", why, self.telemetry.workload,
                      self.telemetry.rank)
 
-    def _reporter(self) -> Telemetry | None:
+    def _reporter(self, resumed: int | None = None) -> Telemetry | None:
         path = os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
         if not os.path.exists(path):
             _log().warning("goodput-instrument: no goodput-exporter socket at %s; this process is not instrumented",
@@ -121,7 +121,8 @@ class Recorder:
         workload, rank = self.identity()
         self.making = True
         try:
-            telemetry = Telemetry(workload, rank, socket_path=path, since=self.boot, dtype=self._dtype())
+            telemetry = Telemetry(workload, rank, socket_path=path, since=self.boot, dtype=self._dtype(),
+                                  resumed_from_step=resumed)
         finally:
             self.making = False
         directory = self.settings.flight_dir
@@ -306,6 +307,20 @@ class Recorder:
         telemetry = self._sink("step")
         if telemetry is not None:
             _record_step(telemetry, duration, tokens, samples, flops=flops)
+
+    def checkpoint_loaded(self, step: int) -> None:
+        """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,
+        before its first step: where it resumed from (for the steps it redoes)."""
+        if self.steps or threading.get_ident() != self.thread:
+            return
+        from ..launcher import restart_count
+
+        if restart_count(os.environ) == 0:
+            return
+        if self.state == "waiting":
+            self.loaded_step = step
+        else:
+            self.resumed(step)
 
     def resumed(self, step: int) -> None:
         """A Trainer resumed training after its global step `step`: the steps count on from there."""

@@ -1,6 +1,10 @@
 """checkpoint_save and checkpoint_restore: torch.save and torch.load, and torch.distributed.checkpoint's save, load
 and async_save (its blocking part: the call, until it returns the future). The frameworks' own saves are covered by
-their probes (Trainer and Lightning save more than torch.save writes)."""
+their probes (Trainer and Lightning save more than torch.save writes).
+
+A process the launcher restarted (TORCHELASTIC_RESTART_COUNT, SLURM_RESTART_COUNT) that loads, before its first
+optimizer step, a checkpoint dict holding a step number under one of RESUME_KEYS resumed from that step: its steps
+count on from there, and the daemon charges the steps it redoes as wasted progress."""
 
 from __future__ import annotations
 
@@ -9,6 +13,11 @@ from .base import Probe
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
+
+
+# the keys under which training scripts commonly keep the number of the last optimizer step in a checkpoint dict
+# (nanoGPT's iter_num, Megatron's iteration, Lightning's and HF's global_step)
+RESUME_KEYS = ("global_step", "step", "iteration", "iter_num")
 
 
 class CheckpointProbe(Probe):
@@ -20,7 +29,29 @@ class CheckpointProbe(Probe):
 
         for owner in (module, torch):
             self.patch(owner, "save", self.timed("checkpoint_save"))
-            self.patch(owner, "load", self.timed("checkpoint_restore"))
+            self.patch(owner, "load", self._load)
+
+    def _load(self, original: Any) -> Any:
+        """torch.load, timed; and in a process the launcher restarted, the step its checkpoint holds."""
+        timed = self.timed("checkpoint_restore")(original)
+        probe = self
+
+        def load(*args: Any, **kwargs: Any) -> Any:
+            result = timed(*args, **kwargs)
+            if probe.on and isinstance(result, dict):
+                try:
+                    probe.loaded(result)
+                except Exception as exc:
+                    probe.failed(exc)
+            return result
+        return load
+
+    def loaded(self, state: dict[Any, Any]) -> None:
+        for key in RESUME_KEYS:
+            step = state.get(key)
+            if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+                self.recorder.checkpoint_loaded(step)
+                return
 
 
 class DistributedCheckpointProbe(Probe):
