@@ -358,6 +358,7 @@ def watch_explicit(recorder: Recorder) -> None:
         return wrapper
 
     __init__.__doc__ = original_init.__doc__
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]  # inspect.signature follows it
     Telemetry.__init__ = __init__  # type: ignore[method-assign]
     for attribute, kind in (("step", "step"), ("record_step", "step"), ("phase", None), ("record_phase", None),
                             ("data_wait", "data_wait")):
