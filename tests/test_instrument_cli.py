@@ -97,3 +97,40 @@ def test_the_client_is_python_3_9_code() -> None:
     assert "Minimum required versions: 3.9" in subprocess.run(
         [str(BIN / "vermin"), "--no-tips", "--eval-annotations", client], capture_output=True, text=True,
         timeout=300).stdout
+
+
+SPAWNED = """
+import os, torch, torch.distributed as dist, torch.multiprocessing as mp
+
+def rank_main(rank):
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    p = torch.zeros(4, requires_grad=True)
+    optimizer = torch.optim.SGD([p], lr=0.1)
+    for _ in range(3):
+        p.sum().backward(); optimizer.step(); optimizer.zero_grad()
+    dist.destroy_process_group()
+
+if __name__ == "__main__":
+    mp.spawn(rank_main, nprocs=2)
+"""
+
+
+def test_ranks_started_by_multiprocessing_spawn_are_ranks(tmp_path: Path) -> None:
+    """torch.multiprocessing.spawn's ranks have a multiprocessing parent and no RANK variable: they are measured,
+    named by the process group's rank; the parent, which trains nothing, is not."""
+    from conftest import free_port, live_server, quick_config, series, value
+
+    script = tmp_path / "spawned.py"
+    script.write_text(SPAWNED)
+    config = quick_config()
+    port = free_port()
+    with live_server(config) as live:
+        result = instrumented(sys.executable, str(script), cwd=tmp_path, env={
+            "GOODPUT_INGEST_SOCKET_PATH": config.ingest.socket_path, "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)})
+        assert result.returncode == 0, result.stderr[-3000:]
+        text = live.metrics_when("goodput_steps_total", 3, rank="1")
+    rows = series(text, "goodput_steps_total")
+    assert sorted(row["rank"] for row in rows) == ["0", "1"]
+    assert {row["workload"] for row in rows} == {f"{socket.gethostname().partition('.')[0]}/127.0.0.1:{port}"}
+    assert value(text, "goodput_steps_total", rank="0") == 3
