@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT
+from conftest import ROOT, free_port, live_server, quick_config, series, value
 
 BIN = Path(sys.executable).parent
 TRAIN_ONE_STEP = ("import torch; p = torch.zeros(2, requires_grad=True); o = torch.optim.SGD([p], lr=0.1); "
@@ -118,8 +118,6 @@ if __name__ == "__main__":
 def test_ranks_started_by_multiprocessing_spawn_are_ranks(tmp_path: Path) -> None:
     """torch.multiprocessing.spawn's ranks have a multiprocessing parent and no RANK variable: they are measured,
     named by the process group's rank; the parent, which trains nothing, is not."""
-    from conftest import free_port, live_server, quick_config, series, value
-
     script = tmp_path / "spawned.py"
     script.write_text(SPAWNED)
     config = quick_config()
