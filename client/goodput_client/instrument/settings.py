@@ -1,7 +1,8 @@
 """goodput-instrument's settings: GOODPUT_* environment variables, read once per process at interpreter start.
 
     GOODPUT_INSTRUMENT          "0" (or false, no, off): load nothing in this process and its children
-    GOODPUT_INSTRUMENT_PROBES_OFF  comma-separated probes to leave off (e.g. "eval,collectives")
+    GOODPUT_INSTRUMENT_PROBES_OFF  comma-separated probe names to leave off (e.g. "eval,comm_wait"; "flight": no
+                                periodic flight-recorder dumps)
     GOODPUT_INGEST_SOCKET_PATH  the daemon's events socket (the client's own variable)
     GOODPUT_FLIGHT_DIR          the node's flight-recorder directory (the daemon's flight.dir)
     GOODPUT_FLIGHT_INTERVAL     seconds between periodic flight-recorder dumps
@@ -9,7 +10,7 @@
     GOODPUT_WORKLOAD, GOODPUT_RANK  the identity, where the launcher's variables name none
     GOODPUT_FLOPS_DTYPE         the data type the measured FLOPs run in (default bf16)
 
-Standard library only; nothing here imports PyTorch.
+docs/instrument.md has the table users read. Standard library only; nothing here imports PyTorch.
 """
 
 from __future__ import annotations
