@@ -42,7 +42,9 @@ def test_publishing_writes_one_whole_version_and_points_current_at_it(tmp_path: 
     assert os.readlink(current) == published.name  # relative: it resolves inside any mount of the directory
     assert (published / "sitecustomize.py").is_file()
     assert (published / "goodput_client" / "instrument" / "probes" / "optimizer.py").is_file()
-    assert not list(published.rglob("__pycache__"))
+    tag = sys.implementation.cache_tag  # compiled for the daemon's Python only, nothing of the checkout's copied
+    assert {p.name.split(".")[-2] for p in published.rglob("*.pyc")} == {tag}
+    assert (published / "goodput_client" / "__pycache__" / f"telemetry.{tag}.pyc").is_file()
     assert {p.stat().st_mode & 0o777 for p in published.rglob("*")} == {0o755, 0o644}
     # a pod's interpreter boots the published copy, not the one this venv holds
     result = python_with(current, REPORT)

@@ -4,7 +4,6 @@ imports PyTorch or opens a socket; a process that never trains stays silent. Nev
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 
@@ -51,6 +50,8 @@ def boot() -> Recorder | None:
             for module in probe.modules:
                 when_imported(module, probe.instrument)
     except Exception as exc:  # never into the job: it runs without instrumentation
+        import logging
+
         logging.getLogger(LOGGER).warning("goodput-instrument: not loaded: %s: %s", exc.__class__.__name__, exc)
         recorder = None
     return recorder
@@ -59,6 +60,8 @@ def boot() -> Recorder | None:
 def _flight_dump_environment(directory: str) -> None:
     """In a rank (the launcher named one): NCCL's dump on a timeout written where the daemon reads it, unless the job
     names another place itself."""
+    if not (os.environ.get("RANK") or os.environ.get("SLURM_PROCID")):  # not a rank: the launcher's module not loaded
+        return
     from ..launcher import rank_from, workload_from
 
     if rank_from(os.environ) is None:
@@ -82,4 +85,6 @@ def _flight_recorder_on(torch: object) -> None:
         name = FR_BUFFER_ENVS[0] if hasattr(c10d, "_dump_fr_trace") else FR_BUFFER_ENVS[1]
         os.environ[name] = FR_BUFFER_ENTRIES
     except Exception as exc:  # never into the job
+        import logging
+
         logging.getLogger(LOGGER).warning("goodput-instrument: flight recorder not set up: %s", exc)

@@ -2,20 +2,21 @@
 
 A finder at the front of sys.meta_path answers for the watched names only: it asks the rest of sys.meta_path
 for the module's spec and wraps the loader so that, once the module's code has run, the hooks get the module.
-A module already imported gets its hooks at once. Standard library only.
+A module already imported gets its hooks at once. Standard library only, and cheap to import: this runs at the start of
+every interpreter.
 """
 
 from __future__ import annotations
 
-import importlib.abc
-import importlib.machinery
 import sys
 import threading
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import importlib.machinery
     from collections.abc import Callable, Sequence
     from types import ModuleType
+    from typing import Any
 
     Hook = Callable[[ModuleType], None]
 
@@ -24,8 +25,10 @@ _lock = threading.RLock()
 _finding = threading.local()
 
 
-class _Loader(importlib.abc.Loader):
-    def __init__(self, loader: importlib.abc.Loader, name: str) -> None:
+class _Loader:
+    """The module's own loader, and the hooks once it has run (duck-typed: importlib.abc costs an import)."""
+
+    def __init__(self, loader: Any, name: str) -> None:
         self._loader = loader
         self._name = name
 
@@ -47,7 +50,9 @@ class _Loader(importlib.abc.Loader):
         return getattr(self._loader, name)
 
 
-class _Finder(importlib.abc.MetaPathFinder):
+class _Finder:
+    """At the front of sys.meta_path, answering for the watched names only."""
+
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
                   ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in _hooks or getattr(_finding, "name", None) == fullname:
@@ -66,7 +71,7 @@ class _Finder(importlib.abc.MetaPathFinder):
             _finding.name = None
         if spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        spec.loader = _Loader(spec.loader, fullname)
+        spec.loader = _Loader(spec.loader, fullname)  # type: ignore[assignment]  # a Loader by its methods
         return spec
 
 

@@ -20,7 +20,6 @@ while one of its phase blocks is open. One made after training started takes ove
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import sys
 import threading
@@ -32,6 +31,7 @@ from .probes.base import LOGGER
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    import logging
     from collections.abc import Callable
 
     from .settings import Settings
@@ -43,6 +43,8 @@ NOT_STEP = frozenset({"eval", "checkpoint_save", "checkpoint_restore", "compile"
 
 
 def _log() -> logging.Logger:
+    import logging  # on demand: most interpreters never log
+
     return logging.getLogger(LOGGER)
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -117,6 +116,8 @@ class Probe:
         if not self.on:
             return
         self.on = False
+        import logging  # here: an interpreter that never fails a probe does not load it
+
         logging.getLogger(LOGGER).warning("goodput-instrument: probe %r turned off after an error: %s: %s", self.name,
                                           exc.__class__.__name__, exc)
         with contextlib.suppress(Exception):  # already off; nothing more to do
