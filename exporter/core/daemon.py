@@ -166,6 +166,9 @@ class Daemon:
                 batch.add(health.SOURCE_COLLECTIONS, labels, runner.collections)
                 for reason, count in sorted(runner.errors.items()):
                     batch.add(health.SOURCE_ERRORS, (name, reason), count)
+                calls = getattr(runner.source, "library_calls", None)
+                for function, count in sorted(calls().items()) if calls is not None else ():
+                    batch.add(health.LIBRARY_CALLS, (name, function), count)
             opened: Counter[str] = Counter()
             closed: Counter[tuple[str, str]] = Counter()
             for server in self._http_servers():  # summed by name: a test process may run several daemons
