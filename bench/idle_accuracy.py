@@ -85,6 +85,31 @@ def run() -> list[Result]:
     return [Result(name, *measure(kwargs)) for name, kwargs in PATTERNS.items()]
 
 
+
+def markdown(results: list[Result]) -> list[str]:
+    lines = [
+        "## Idle fraction: integrated counter vs utilization-gauge average",
+        "",
+        f"One simulated hour per pattern, NVML polled every {INTERVAL:g} s (the nvml source's default interval), "
+        "scraped every 15 s. *Integrated* is",
+        "`rate(goodput_gpu_idle_seconds_total) / rate(goodput_gpu_sampled_seconds_total)`; *gauge* is",
+        "`1 - avg_over_time(goodput_gpu_utilization_ratio)` from the scraped samples. Errors are in",
+        "percentage points of idle fraction.",
+        "",
+        "| pattern | true idle | integrated | error | gauge average | error |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.pattern} | {r.truth:.2%} | {r.integrated:.2%} | {r.integrated_error * 100:+.2f} pp | "
+            f"{r.gauge:.2%} | {r.gauge_error * 100:+.2f} pp |")
+    return lines
+
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     for result in run():
         print(f"{result.pattern}: truth {result.truth:.4f} integrated {result.integrated:.4f} "

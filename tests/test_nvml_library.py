@@ -4,12 +4,14 @@ libnvidia-ml; with one, the smoke test."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pynvml
 import pytest
-from conftest import series, value
+from conftest import ROOT, ManualClock, series, value
 
 from exporter.core.exposition import TEXT, Batch, Renderer
 from exporter.sources.nvml import api
@@ -327,3 +329,44 @@ def test_a_failing_health_query_is_counted_not_zero(libnvml: FakeLibNvml) -> Non
     assert batch.errors == ["nvml_unknown"]
     assert series(text, "goodput_gpu_pcie_replays_total") == []
     assert value(text, "goodput_gpu_pcie_link_width") == 8
+
+
+# --- bench/nvml_real.py, as the GPU run uses it: over the fake libnvidia-ml here ---------------------------------
+
+def _nvml_real():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import nvml_real
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return nvml_real
+
+
+def test_the_real_gpu_bench_counts_calls_and_cpu_per_collection(libnvml: FakeLibNvml) -> None:
+    nvml_real = _nvml_real()
+    clock = ManualClock(0.0)
+    result = nvml_real.run(60.0, sleep=clock.advance, clock=clock, wall_clock=lambda: 1.76e9 + clock())
+    assert (result["gpus"], result["model"], result["driver"]) == (1, "NVIDIA H100 80GB HBM3", "550.54.15")
+    assert result["collections"] == 12 and result["elapsed_s"] == 60.0  # every 5 s (the default interval)
+    calls, c_calls = result["calls"], result["c_calls"]
+    assert calls["nvmlDeviceGetFieldValues"] == 12 == c_calls["nvmlDeviceGetFieldValues"]
+    # slow rounds at 30 s and 60 s (the first collection's, at 0, is start-up's): the power limit read twice
+    assert calls["nvmlDeviceGetEnforcedPowerLimit"] == 2
+    # pynvml asks nvmlDeviceGetComputeRunningProcesses twice when the first answer is not empty; here it is
+    assert c_calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 12
+    assert calls["nvmlDeviceGetComputeRunningProcesses"] == 12
+    assert sum(c_calls.values()) >= sum(calls.values())  # the C calls under the source's
+    assert len(result["cpu_s"]) == 12 and all(cpu >= 0 for cpu in result["cpu_s"])
+    text = "\n".join(nvml_real.markdown(result))
+    per_gpu_second = sum(calls.values()) / 60
+    assert f"| {per_gpu_second:.2f} |" in text and "`nvmlDeviceGetFieldValues`" in text
+    assert per_gpu_second <= 10
+
+
+def test_the_real_gpu_bench_imports_no_third_party_package_but_pynvml() -> None:
+    code = ("import sys; sys.path.insert(0, 'bench'); import nvml_real; nvml_real.load_source_modules(); "
+            "import exporter.sources.nvml.source, exporter.sources.nvml.library; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert [m for m in ast.literal_eval(found.stdout) if not m.startswith("_")] == [
+        "exporter", "goodput_client", "nvml_real", "pynvml"]
