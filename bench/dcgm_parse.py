@@ -21,6 +21,7 @@ import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -29,12 +30,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from idle_cpu import private_args
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, wait_ready
 
 from exporter.sources.dcgm import scrape
 
 ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "bench" / ".work"  # the daemons' own sockets and directories
 SAMPLE = ROOT / "tests" / "dcgm_corpus" / "k8s-ai-conformance-upcloud-l40s.txt"
 SIZES = (1_000_000, 15_000_000)
 ROUNDS = 5
@@ -126,6 +129,11 @@ class _Server:
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
 
+def _workdir() -> Path:
+    WORK.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="dcgm-parse-", dir=WORK))
+
+
 def latency_while_parsing() -> list[Latency]:
     server = _Server()
     results = []
@@ -136,7 +144,8 @@ def latency_while_parsing() -> list[Latency]:
             [str(ROOT / ".venv" / "bin" / "goodput-exporter"), "serve", "--simulate", "8",
              "--nvml.enabled", "false", "--dcgm.enabled", "true", "--dcgm.mode", "exporter",
              "--dcgm.exporter-url", server.url, "--dcgm.interval", "1s", "--dcgm.timeout", "10s",
-             "--web.listen-address", f"127.0.0.1:{port}", "--log.level", "error"],
+             "--web.listen-address", f"127.0.0.1:{port}", *private_args(_workdir()),
+             "--log.level", "error"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             wait_ready(port, "/readyz")
