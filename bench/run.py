@@ -157,7 +157,8 @@ def render(parts: list[Part]) -> str:
               "Wall time of each section in its run (`python bench/run.py --only NAME` runs one).", "",
               "| section | name | commit | date | run time |", "|---|---|---|---|---|"]
     for part in parts:
-        lines.append(f"| {part.title} | `{part.name}` | `{part.commit}` | {part.date} | {part.seconds:.0f} s |")
+        took = "unknown" if part.commit == "unknown" else f"{part.seconds:.0f} s"
+        lines.append(f"| {part.title} | `{part.name}` | `{part.commit}` | {part.date} | {took} |")
     return "\n".join(lines) + "\n"
 
 
