@@ -9,6 +9,10 @@ daemon and no HTTP. Counts each call twice:
 * at the C boundary, every libnvidia-ml function call pynvml makes (its wrappers call some functions twice: once for
   the size of the answer, once for the answer).
 
+Then, once per GPU, it asks for fields that could replace calls side by side with those calls (`probe`): the
+violation counters' fields against nvmlDeviceGetViolationStatus, the NVLink error totals against the links' counters
+summed; the JSON keeps both answers.
+
 CPU per collection is the collecting thread's CPU time (user and system: the driver's ioctls included) around each
 collection, as the daemon's source thread spends it.
 
@@ -122,6 +126,43 @@ def measure(source: Any, seconds: float, interval: float, sleep: Callable[[float
             "wall_s": wall, "errors": dict(errors)}
 
 
+# Fields that could replace calls, asked side by side with those calls on the real GPU (not used by the source yet):
+# whether NVML_FI_DEV_PERF_POLICY_* count nanoseconds as nvmlDeviceGetViolationStatus does, and whether
+# NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL equal the active links' counters summed (72 calls on an H100).
+PROBE_POLICY_FIELDS = {0: 74, 1: 75, 2: 76, 3: 77, 4: 78, 5: 79}  # violation policy -> its field
+PROBE_NVLINK_TOTALS = {0: 52, 1: 59, 2: 38, 3: 45}  # NVLink error counter (replay, recovery, CRC flit, data) -> total
+
+
+def probe(pynvml: Any, source: Any) -> list[dict[str, Any]]:
+    from exporter.sources.nvml.library import _field_int
+
+    def answer(call: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return call(*args)
+        except pynvml.NVMLError as exc:
+            return f"error: {exc}"
+
+    def violation(handle: Any, policy: int) -> int:
+        return int(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
+
+    def link_errors(handle: Any, links: list[int], counter: int) -> int:
+        return sum(int(pynvml.nvmlDeviceGetNvLinkErrorCounter(handle, link, counter)) for link in links)
+
+    def fields(handle: Any, ids: list[int]) -> dict[str, Any]:
+        values = {str(f.fieldId): _field_int(f) for f in pynvml.nvmlDeviceGetFieldValues(handle, [(i, 0) for i in ids])}
+        return {k: v if v is None or isinstance(v, int) else f"error: {v}" for k, v in values.items()}
+
+    out = []
+    ids = [*PROBE_POLICY_FIELDS.values(), *PROBE_NVLINK_TOTALS.values()]
+    for gpu in source._gpus or []:
+        calls = {f"violation_ns_{policy}": answer(violation, gpu.handle, policy) for policy in PROBE_POLICY_FIELDS}
+        calls.update({f"nvlink_errors_{counter}": answer(link_errors, gpu.handle, gpu.links, counter)
+                      for counter in PROBE_NVLINK_TOTALS})
+        out.append({"gpu": gpu.index, "links": len(gpu.links), "calls": calls,
+                    "fields": answer(fields, gpu.handle, ids)})
+    return out
+
+
 def per_gpu_second(calls: dict[str, int], gpus: int, elapsed: float) -> dict[str, float]:
     if not gpus or elapsed <= 0:
         return {}
@@ -152,6 +193,9 @@ def markdown(result: dict[str, Any]) -> list[str]:
         lines.append(f"| `{name}` | {backend.get(name, 0.0):.3f} | {c_calls.get(name, 0.0):.3f} |")
     if result["errors"]:
         lines += ["", "Errors counted: " + ", ".join(f"{k} x{v}" for k, v in sorted(result["errors"].items()))]
+    for entry in result.get("probe", []):
+        lines += ["", f"Probe, GPU {entry['gpu']} ({entry['links']} active NVLink links): calls "
+                  + ", ".join(f"{k} {v}" for k, v in entry["calls"].items()) + f"; fields {entry['fields']}"]
     return lines
 
 
@@ -185,12 +229,13 @@ def run(seconds: float, sleep: Callable[[float], None] = time.sleep, clock: Call
     source.collect = measured_collect  # type: ignore[method-assign]
     try:
         result = measure(source, seconds, INTERVAL, sleep, clock)
+        c_steady = Counter(c_calls)  # before the probe's calls
+        result["probe"] = probe(pynvml, source)
         gpus = source._gpus or []
         model = gpus[0].info[2] if gpus else "no GPU"
         driver = source._driver or "unknown"
     finally:
         source.close()
-    c_steady = Counter(c_calls)
     c_steady.subtract(c_before)
     c_steady.pop("nvmlShutdown", None)
     result.update(c_calls=dict(+c_steady), model=model, driver=driver, interval_s=INTERVAL,

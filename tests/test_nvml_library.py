@@ -361,6 +361,10 @@ def test_the_real_gpu_bench_counts_calls_and_cpu_per_collection(libnvml: FakeLib
     per_gpu_second = sum(calls.values()) / 60
     assert f"| {per_gpu_second:.2f} |" in text and "`nvmlDeviceGetFieldValues`" in text
     assert per_gpu_second <= 10
+    # the probe: the fake has no violation or NVLink-total fields (None), and the calls' answers beside them
+    (probe,) = result["probe"]
+    assert probe["calls"]["violation_ns_1"] == 0 and probe["calls"]["nvlink_errors_2"] == 40  # link 0's CRC flit
+    assert probe["fields"]["74"] is None and probe["fields"]["38"] is None
 
 
 def test_the_real_gpu_bench_imports_no_third_party_package_but_pynvml() -> None:
