@@ -374,5 +374,10 @@ def markdown(r: Result) -> list[str]:
     return lines
 
 
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     print("\n".join(markdown(run())))

@@ -406,6 +406,11 @@ def markdown(result: Result) -> list[str]:
     return lines
 
 
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     if len(sys.argv) == 3 and sys.argv[1] == "--node":
         _node_main(json.loads(sys.argv[2]))

@@ -132,5 +132,10 @@ def markdown(r: Result) -> list[str]:
     ]
 
 
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     print("\n".join(markdown(run())))

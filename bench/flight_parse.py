@@ -137,6 +137,33 @@ def run() -> list[Result]:
     return [measure(variant, data) for variant, data in real_dumps().items()]
 
 
+
+def markdown(results: list[Result]) -> list[str]:
+    lines = [
+        "## Flight-recorder dumps: safe parse vs pickle.load",
+        "",
+        f"{RANKS} ranks x {ENTRIES:,}-entry dumps, real (PyTorch's gloo flight recorder after {ENTRIES:,}+ "
+        f"collectives), median of {ROUNDS} rounds over all files. *Safe parse* is what the daemon does with a new "
+        "dump: sent to",
+        "its memory-limited parser process, the restricted unpickler, the schema check, the extraction and "
+        "the counting with the garbage collector paused, and a summary sent back. "
+        "Target: within 1.5x of plain `pickle.load`.",
+        "",
+        "| dump | size per file | `pickle.load` | `pickle.load`, GC paused | safe parse | ratio | ratio to GC-paused "
+        "| flight source, first pass |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r.variant} | {r.file_bytes / 1024:.0f} KiB | {r.plain_ms:.0f} ms | {r.paused_ms:.0f} ms | "
+            f"{r.safe_ms:.0f} ms | {r.ratio:.2f} | {r.paused_ratio:.2f} | {r.source_ms:.0f} ms |")
+    return lines
+
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     for r in run():
         print(f"{r.variant}: {r.file_bytes / 1024:.0f} KiB per file; pickle.load {r.plain_ms:.1f} ms "

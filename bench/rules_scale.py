@@ -1080,6 +1080,11 @@ def markdown(result: Result) -> list[str]:
     return lines
 
 
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     r = run()
     for title, engine in r.engines.items():

@@ -420,5 +420,10 @@ def markdown(result: Result) -> list[str]:
     return lines
 
 
+
+def section() -> str:
+    """This benchmark's part of bench/results.md."""
+    return "\n".join(markdown(run()))
+
 if __name__ == "__main__":
     print("\n".join(markdown(run())))

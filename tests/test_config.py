@@ -22,7 +22,8 @@ def write(tmp_path: Path, text: str) -> str:
 def test_defaults() -> None:
     config = load(None, None, environ={})
     assert config.web.listen_address == "0.0.0.0:9445"
-    assert config.nvml.enabled and config.nvml.interval == 1.0 and config.nvml.timeout == 5.0
+    assert config.nvml.enabled and config.nvml.interval == 5.0 and config.nvml.timeout == 5.0
+    assert config.nvml.slow_interval == 30.0
     assert config.host.interval == 5.0
     assert config.simulate.gpus == 0  # simulation is never on unless asked for
 

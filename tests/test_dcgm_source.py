@@ -15,7 +15,7 @@ from exporter.core.source import SourceError
 from exporter.sources.dcgm.api import PROFILING_NOT_SUPPORTED, REQUIRES_ROOT
 from exporter.sources.dcgm.bindings import DcgmBindings
 from exporter.sources.dcgm.simulated import SimulatedDcgm
-from exporter.sources.dcgm.source import HIERARCHY_EVERY, PROFILING_RETRY_AFTER, DcgmSource
+from exporter.sources.dcgm.source import CONNECT_RETRY_FIRST, HIERARCHY_EVERY, PROFILING_RETRY_AFTER, DcgmSource
 from exporter.sources.nvml.simulated import Pattern, SimulatedGpus
 from exporter.sources.nvml.source import NvmlSource
 
@@ -175,10 +175,15 @@ def test_dead_host_engine_is_a_clear_error_then_reconnects() -> None:
         rig.source.collect()
     assert info.value.reason == "dcgm_connection_not_valid"
     assert "nv-hostengine" in str(info.value) and "localhost" in str(info.value)
+    assert "next try in 5s" in str(info.value)
     rig.dcgm.start_hostengine()
-    rig.scrape()
+    connects = rig.dcgm.connects
+    rig.scrape(CONNECT_RETRY_FIRST - 1)
+    assert rig.down == "dcgm_connection_not_valid" and rig.dcgm.connects == connects  # no busy retry
+    rig.scrape(1)
     text = rig.scrape()
     assert value(text, "goodput_gpu_sm_active_ratio", gpu="0") is not None
+    assert rig.source.library_calls()["dcgmConnect_v2"] == 2  # the try that failed, then one after the wait
     rig.dcgm.stop_hostengine()  # dies mid-run: the next read fails, the one after reconnects
     with pytest.raises(SourceError) as info:
         rig.source.collect()

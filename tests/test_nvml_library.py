@@ -4,14 +4,17 @@ libnvidia-ml; with one, the smoke test."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 from typing import ClassVar
 
 import pynvml
 import pytest
-from conftest import series, value
+from conftest import ROOT, ManualClock, series, value
 
 from exporter.core.exposition import TEXT, Batch, Renderer
+from exporter.sources.nvml import api
 from exporter.sources.nvml import metrics as c
 from exporter.sources.nvml.api import (
     ARGUMENT_VERSION_MISMATCH,
@@ -96,13 +99,19 @@ def _fails(code: int):  # type: ignore[no-untyped-def]
 class FakeLibNvml:
     """One H100 (driver 550) with NVLink link 0 active and link 1 not."""
 
+    # an H100 remaps rows and retires no pages: no retired-page fields (NVML_ERROR_NOT_SUPPORTED)
     FIELDS: ClassVar[dict[int, int]] = {
         pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: 2, pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: 10**9,
-        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 2 * 10**9, pynvml.NVML_FI_DEV_MEMORY_TEMP: 48}
+        pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: 2 * 10**9, pynvml.NVML_FI_DEV_MEMORY_TEMP: 48,
+        pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 10**9, pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: 0,
+        pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 0, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 9,
+        pynvml.NVML_FI_DEV_REMAPPED_COR: 3, pynvml.NVML_FI_DEV_REMAPPED_UNC: 1, pynvml.NVML_FI_DEV_REMAPPED_PENDING: 1,
+        pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0}
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[object, ...]]] = []
         self.fields = dict(self.FIELDS)
+        self.field_errors: dict[int, int] = {}  # field id -> the NVML error its read answers
         self.symbols: dict[str, object] = {
             "nvmlInitWithFlags": _out(), "nvmlShutdown": _out(),
             "nvmlSystemGetDriverVersion": _text(b"550.54.15"), "nvmlDeviceGetCount_v2": _out(1),
@@ -118,17 +127,14 @@ class FakeLibNvml:
             "nvmlDeviceGetMemoryInfo": _struct(used=5 * 2**30, total=80 * 2**30),
             "nvmlDeviceGetMemoryInfo_v2": self._memory_v2,
             "nvmlDeviceGetPowerUsage": _out(350_000), "nvmlDeviceGetEnforcedPowerLimit": _out(700_000),
-            "nvmlDeviceGetTotalEnergyConsumption": _out(10**9), "nvmlDeviceGetTemperature": _out(55),
+            "nvmlDeviceGetTemperature": _out(55),
             "nvmlDeviceGetClockInfo": self._clock, "nvmlDeviceGetViolationStatus": _struct(violationTime=0),
-            "nvmlDeviceGetTotalEccErrors": _out(0), "nvmlDeviceGetComputeRunningProcesses_v3": _out(),
+            "nvmlDeviceGetComputeRunningProcesses_v3": _out(),
             "nvmlDeviceGetMigMode": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
             "nvmlDeviceGetEncoderUtilization": _out(37, 167_000), "nvmlDeviceGetDecoderUtilization": _out(12, 167_000),
-            "nvmlDeviceGetPcieReplayCounter": _out(9), "nvmlDeviceGetCurrPcieLinkGeneration": _out(4),
+            "nvmlDeviceGetCurrPcieLinkGeneration": _out(4),
             "nvmlDeviceGetMaxPcieLinkGeneration": _out(5), "nvmlDeviceGetCurrPcieLinkWidth": _out(8),
-            "nvmlDeviceGetMaxPcieLinkWidth": _out(16), "nvmlDeviceGetRemappedRows": _out(3, 1, 1, 0),
-            # an H100 remaps rows and retires no pages
-            "nvmlDeviceGetRetiredPages": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
-            "nvmlDeviceGetRetiredPagesPendingStatus": _fails(pynvml.NVML_ERROR_NOT_SUPPORTED),
+            "nvmlDeviceGetMaxPcieLinkWidth": _out(16),
             "nvmlDeviceGetNvLinkErrorCounter": self._nvlink_errors,
         }
 
@@ -157,8 +163,8 @@ class FakeLibNvml:
                 answer: int | None = 1000 + field.scopeId
             else:
                 answer = self.fields.get(field.fieldId)
-            if answer is None:
-                field.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+            if answer is None or field.fieldId in self.field_errors:
+                field.nvmlReturn = self.field_errors.get(field.fieldId, pynvml.NVML_ERROR_NOT_SUPPORTED)
                 continue
             field.nvmlReturn = pynvml.NVML_SUCCESS
             field.valueType = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
@@ -197,8 +203,8 @@ def libnvml(monkeypatch: pytest.MonkeyPatch) -> FakeLibNvml:
     return fake
 
 
-def _collect(times: int = 2) -> tuple[Batch, str]:
-    source = NvmlSource(NvmlLibrary())
+def _collect(times: int = 2, slow_interval: float = 30.0) -> tuple[Batch, str]:
+    source = NvmlSource(NvmlLibrary(), slow_interval=slow_interval)
     for _ in range(times):
         batch = source.collect()
     source.close()
@@ -207,6 +213,17 @@ def _collect(times: int = 2) -> tuple[Batch, str]:
 
 def test_the_ids_we_pass_are_nvmls() -> None:
     assert FI_MEMORY_TEMP == pynvml.NVML_FI_DEV_MEMORY_TEMP
+    ours = {name: getattr(api, name) for name in dir(api) if name.startswith("FI_")}
+    theirs = {"FI_ECC_SBE_VOL_TOTAL": "ECC_SBE_VOL_TOTAL", "FI_ECC_DBE_VOL_TOTAL": "ECC_DBE_VOL_TOTAL",
+              "FI_RETIRED_SBE": "RETIRED_SBE", "FI_RETIRED_DBE": "RETIRED_DBE", "FI_RETIRED_PENDING": "RETIRED_PENDING",
+              "FI_MEMORY_TEMP": "MEMORY_TEMP", "FI_TOTAL_ENERGY": "TOTAL_ENERGY_CONSUMPTION",
+              "FI_NVLINK_LINK_COUNT": "NVLINK_LINK_COUNT", "FI_PCIE_REPLAY_COUNTER": "PCIE_REPLAY_COUNTER",
+              "FI_NVLINK_DATA_TX_KIB": "NVLINK_THROUGHPUT_DATA_TX",
+              "FI_NVLINK_DATA_RX_KIB": "NVLINK_THROUGHPUT_DATA_RX",
+              "FI_REMAPPED_COR": "REMAPPED_COR", "FI_REMAPPED_UNC": "REMAPPED_UNC",
+              "FI_REMAPPED_PENDING": "REMAPPED_PENDING", "FI_REMAPPED_FAILURE": "REMAPPED_FAILURE",
+              "FI_PCIE_TX_BYTES": "PCIE_COUNT_TX_BYTES", "FI_PCIE_RX_BYTES": "PCIE_COUNT_RX_BYTES"}
+    assert ours == {name: getattr(pynvml, f"NVML_FI_DEV_{theirs[name]}") for name in ours}
     assert ARGUMENT_VERSION_MISMATCH == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     assert NVLINK_ERRORS == {
         pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
@@ -234,11 +251,19 @@ def test_health_series_through_pynvml_in_base_units(libnvml: FakeLibNvml) -> Non
     assert value(text, "goodput_gpu_remapped_rows_total", error_type="uncorrected", **gpu) == 1
     assert value(text, "goodput_gpu_row_remap_pending", **gpu) == 1
     assert value(text, "goodput_gpu_row_remap_failure", **gpu) == 0
-    # not supported on this GPU: absent, never 0, and asked once
+    # not supported on this GPU: absent, never 0
     assert series(text, "goodput_gpu_retired_pages_total") == []
     assert series(text, "goodput_gpu_retired_pages_pending") == []
-    assert len(libnvml.called("nvmlDeviceGetRetiredPages")) == 2  # once per cause, in the first collection
-    assert len(libnvml.called("nvmlDeviceGetRetiredPagesPendingStatus")) == 1
+    # every field of a collection in one call: the link count at start-up, then one per collection; the health
+    # counters (ECC, pages, rows, replays) in the first only (the next is within slow_interval)
+    asked = [[(f.fieldId, f.scopeId) for f in args[2]._obj]  # type: ignore[attr-defined]
+             for args in libnvml.called("nvmlDeviceGetFieldValues")]
+    assert len(asked) == 3
+    assert (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0) in asked[1] and (pynvml.NVML_FI_DEV_RETIRED_SBE, 0) in asked[1]
+    assert (pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL, 0) not in asked[2]
+    assert {(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0), (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0),
+            (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)} <= set(asked[2])
+    assert value(text, "goodput_gpu_energy_joules_total", **gpu) == 10**6
     # the active link only (link 1 is not), each counter by NVML's own id, summed per GPU
     errors = {s["error_type"]: value(text, "goodput_gpu_nvlink_errors_total", **s)
               for s in series(text, "goodput_gpu_nvlink_errors_total")}
@@ -258,19 +283,11 @@ def test_an_older_gpu_and_driver_leave_out_what_they_lack(libnvml: FakeLibNvml) 
     CRC counter, no nvmlDeviceGetMemoryInfo_v2."""
     del libnvml.symbols["nvmlDeviceGetMemoryInfo_v2"]
     del libnvml.fields[pynvml.NVML_FI_DEV_MEMORY_TEMP]
-    libnvml.symbols["nvmlDeviceGetRemappedRows"] = _fails(pynvml.NVML_ERROR_NOT_SUPPORTED)
-    pages = {pynvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: [0x1000, 0x2000],
-             pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: [0x3000]}
-
-    def retired(handle: object, cause: object, count: object, addresses: object) -> int:
-        found = pages[cause.value]  # type: ignore[attr-defined]
-        if addresses is None:
-            count._obj.value = len(found)  # type: ignore[attr-defined]
-            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE if found else pynvml.NVML_SUCCESS
-        count._obj.value = len(found)  # type: ignore[attr-defined]
-        for i, address in enumerate(found):
-            addresses[i] = address  # type: ignore[index]
-        return pynvml.NVML_SUCCESS
+    for field in (pynvml.NVML_FI_DEV_REMAPPED_COR, pynvml.NVML_FI_DEV_REMAPPED_UNC, pynvml.NVML_FI_DEV_REMAPPED_PENDING,
+                  pynvml.NVML_FI_DEV_REMAPPED_FAILURE):
+        del libnvml.fields[field]
+    libnvml.fields.update({pynvml.NVML_FI_DEV_RETIRED_SBE: 2, pynvml.NVML_FI_DEV_RETIRED_DBE: 1,
+                           pynvml.NVML_FI_DEV_RETIRED_PENDING: 1})
 
     def errors(handle: object, link: int, counter: int, count: object) -> int:
         if counter == pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA:
@@ -278,10 +295,8 @@ def test_an_older_gpu_and_driver_leave_out_what_they_lack(libnvml: FakeLibNvml) 
         count._obj.value = 0  # type: ignore[attr-defined]
         return pynvml.NVML_SUCCESS
 
-    libnvml.symbols["nvmlDeviceGetRetiredPages"] = retired
-    libnvml.symbols["nvmlDeviceGetRetiredPagesPendingStatus"] = _out(pynvml.NVML_FEATURE_ENABLED)
     libnvml.symbols["nvmlDeviceGetNvLinkErrorCounter"] = errors
-    batch, text = _collect(3)
+    batch, text = _collect(3, slow_interval=1e-9)  # the slow readings at every collection
     assert batch.errors == []
     for name in ("goodput_gpu_memory_reserved_bytes", "goodput_gpu_memory_temperature_celsius",
                  "goodput_gpu_remapped_rows_total", "goodput_gpu_row_remap_pending", "goodput_gpu_row_remap_failure"):
@@ -292,7 +307,6 @@ def test_an_older_gpu_and_driver_leave_out_what_they_lack(libnvml: FakeLibNvml) 
     assert value(text, "goodput_gpu_retired_pages_pending") == 1
     assert {s["error_type"] for s in series(text, "goodput_gpu_nvlink_errors_total")} == {"replay", "recovery",
                                                                                          "crc_flit"}
-    assert len(libnvml.called("nvmlDeviceGetRemappedRows")) == 1
     data_crc = [a for a in libnvml.called("nvmlDeviceGetNvLinkErrorCounter")
                 if a[2] == pynvml.NVML_NVLINK_ERROR_DL_CRC_DATA]
     assert len(data_crc) == 1
@@ -310,8 +324,53 @@ def test_a_driver_without_the_v2_memory_version_reads_as_unsupported(libnvml: Fa
 
 
 def test_a_failing_health_query_is_counted_not_zero(libnvml: FakeLibNvml) -> None:
-    libnvml.symbols["nvmlDeviceGetPcieReplayCounter"] = _fails(pynvml.NVML_ERROR_UNKNOWN)
+    libnvml.field_errors[pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER] = pynvml.NVML_ERROR_UNKNOWN
     batch, text = _collect(1)
     assert batch.errors == ["nvml_unknown"]
     assert series(text, "goodput_gpu_pcie_replays_total") == []
     assert value(text, "goodput_gpu_pcie_link_width") == 8
+
+
+# --- bench/nvml_real.py, as the GPU run uses it: over the fake libnvidia-ml here ---------------------------------
+
+def _nvml_real():  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "bench"))
+    try:
+        import nvml_real
+    finally:
+        sys.path.remove(str(ROOT / "bench"))
+    return nvml_real
+
+
+def test_the_real_gpu_bench_counts_calls_and_cpu_per_collection(libnvml: FakeLibNvml) -> None:
+    nvml_real = _nvml_real()
+    clock = ManualClock(0.0)
+    result = nvml_real.run(60.0, sleep=clock.advance, clock=clock, wall_clock=lambda: 1.76e9 + clock())
+    assert (result["gpus"], result["model"], result["driver"]) == (1, "NVIDIA H100 80GB HBM3", "550.54.15")
+    assert result["collections"] == 12 and result["elapsed_s"] == 60.0  # every 5 s (the default interval)
+    calls, c_calls = result["calls"], result["c_calls"]
+    assert calls["nvmlDeviceGetFieldValues"] == 12 == c_calls["nvmlDeviceGetFieldValues"]
+    # slow rounds at 30 s and 60 s (the first collection's, at 0, is start-up's): the power limit read twice
+    assert calls["nvmlDeviceGetEnforcedPowerLimit"] == 2
+    # pynvml asks nvmlDeviceGetComputeRunningProcesses twice when the first answer is not empty; here it is
+    assert c_calls["nvmlDeviceGetComputeRunningProcesses_v3"] == 12
+    assert calls["nvmlDeviceGetComputeRunningProcesses"] == 12
+    assert sum(c_calls.values()) >= sum(calls.values())  # the C calls under the source's
+    assert len(result["cpu_s"]) == 12 and all(cpu >= 0 for cpu in result["cpu_s"])
+    text = "\n".join(nvml_real.markdown(result))
+    per_gpu_second = sum(calls.values()) / 60
+    assert f"| {per_gpu_second:.2f} |" in text and "`nvmlDeviceGetFieldValues`" in text
+    assert per_gpu_second <= 10
+    # the probe: the fake has no violation or NVLink-total fields (None), and the calls' answers beside them
+    (probe,) = result["probe"]
+    assert probe["calls"]["violation_ns_1"] == 0 and probe["calls"]["nvlink_errors_2"] == 40  # link 0's CRC flit
+    assert probe["fields"]["74"] is None and probe["fields"]["38"] is None
+
+
+def test_the_real_gpu_bench_imports_no_third_party_package_but_pynvml() -> None:
+    code = ("import sys; sys.path.insert(0, 'bench'); import nvml_real; nvml_real.load_source_modules(); "
+            "import exporter.sources.nvml.source, exporter.sources.nvml.library; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} - set(sys.stdlib_module_names)))")
+    found = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert [m for m in ast.literal_eval(found.stdout) if not m.startswith("_")] == [
+        "exporter", "goodput_client", "nvml_real", "pynvml"]

@@ -15,14 +15,16 @@ from exporter.sources.nvml.api import (
     ARGUMENT_VERSION_MISMATCH,
     FUNCTION_NOT_FOUND,
     GPU_IS_LOST,
+    LIBRARY_NOT_FOUND,
     NO_PERMISSION,
     NOT_SUPPORTED,
     UNKNOWN,
     GpuError,
 )
+from exporter.sources.nvml.cadence import INTERVAL, SLOW_INTERVAL
 from exporter.sources.nvml.settings import SimulateConfig
 from exporter.sources.nvml.simulated import Pattern, SimulatedGpus, schedule_faults
-from exporter.sources.nvml.source import LINK_ERRORS_EVERY, NvmlSource, _LinkTotal
+from exporter.sources.nvml.source import _LINK_FIELDS, NvmlSource, _LinkTotal
 
 
 def setup(count: int = 2, per_link: bool = False, **sim_args: object) -> tuple[ManualClock, SimulatedGpus, NvmlSource]:
@@ -178,18 +180,21 @@ def test_ecc_and_throttle_counters() -> None:
     sim.throttle(0, "thermal", seconds=10)
     clock.advance(4)
     text = scrape(source)
-    assert value(text, "goodput_gpu_ecc_errors_total", gpu="0", error_type="corrected") == 3
-    assert value(text, "goodput_gpu_ecc_errors_total", gpu="0", error_type="uncorrected") == 1
+    # ECC counts are read every slow_interval (one nvmlDeviceGetFieldValues call with the other health counters),
+    # the last answer published until then; throttling at every collection
+    assert value(text, "goodput_gpu_ecc_errors_total", gpu="0", error_type="corrected") == 0
     assert value(text, "goodput_gpu_clock_throttle_seconds_total", gpu="0", reason="thermal") == pytest.approx(4)
     assert value(text, "goodput_gpu_clock_throttle_seconds_total", gpu="0", reason="power") == 0
-    clock.advance(20)
+    clock.advance(SLOW_INTERVAL - 4)
     text = scrape(source)
+    assert value(text, "goodput_gpu_ecc_errors_total", gpu="0", error_type="corrected") == 3
+    assert value(text, "goodput_gpu_ecc_errors_total", gpu="0", error_type="uncorrected") == 1
     assert value(text, "goodput_gpu_clock_throttle_seconds_total", gpu="0", reason="thermal") == pytest.approx(10)
 
 
 def test_unsupported_fields_are_absent_and_asked_once() -> None:
     clock, sim, source = setup(2)
-    sim.set_unsupported(0, "device_power_milliwatts", "device_ecc_errors", "field:197", "field:91")
+    sim.set_unsupported(0, "device_power_milliwatts", "field:3", "field:4", "field:197", "field:91")
     calls = {"n": 0}
     original = sim.device_power_milliwatts
 
@@ -480,7 +485,7 @@ def test_row_remap_pending_until_a_reset_and_the_row_counted_for_good() -> None:
     clock.advance(1)
     scrape(source)
     sim.remap_row(1)  # after an uncorrectable error
-    clock.advance(1)
+    clock.advance(SLOW_INTERVAL)  # row remapping is read every slow_interval
     text = scrape(source)
     assert value(text, "goodput_gpu_row_remap_pending", gpu="1") == 1
     assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="uncorrected") == 1
@@ -488,14 +493,14 @@ def test_row_remap_pending_until_a_reset_and_the_row_counted_for_good() -> None:
     assert value(text, "goodput_gpu_row_remap_pending", gpu="0") == 0
     sim.remap_row(1, uncorrected=False)
     sim.reset(1)
-    clock.advance(1)
+    clock.advance(SLOW_INTERVAL)
     text = scrape(source)
     assert value(text, "goodput_gpu_row_remap_pending", gpu="1") == 0
     assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="uncorrected") == 1  # remapped for good
     assert value(text, "goodput_gpu_remapped_rows_total", gpu="1", error_type="corrected") == 1
     sim.fail_row_remap(1)
     sim.retire_page(0)
-    clock.advance(1)
+    clock.advance(SLOW_INTERVAL)
     text = scrape(source)
     assert value(text, "goodput_gpu_row_remap_failure", gpu="1") == 1
     assert value(text, "goodput_gpu_retired_pages_total", gpu="0", cause="double_bit") == 1
@@ -516,7 +521,10 @@ def test_a_degraded_pcie_link_trains_below_its_maximum() -> None:
     sim.restore_pcie(0)
     clock.advance(1)
     text = scrape(source)
-    assert value(text, "goodput_gpu_pcie_link_width", gpu="0") == 16
+    assert value(text, "goodput_gpu_pcie_link_width", gpu="0") == 16  # read at every collection
+    assert value(text, "goodput_gpu_pcie_replays_total", gpu="0") == 0  # every slow_interval: its last answer
+    clock.advance(SLOW_INTERVAL)
+    text = scrape(source)
     assert value(text, "goodput_gpu_pcie_replays_total", gpu="0") == 7
     with pytest.raises(ValueError, match="beyond"):
         sim.degrade_pcie(0, generation=6)
@@ -528,9 +536,9 @@ def test_nvlink_errors_on_one_link_rise_in_its_gpus_total_and_stay_counted() -> 
     scrape(source)
     sim.nvlink_errors(1, link=3, seconds=10)
     clock.advance(5)
-    text = scrape(source)  # read every LINK_ERRORS_EVERY seconds: the last answer (0) until then
+    text = scrape(source)  # read every SLOW_INTERVAL seconds: the last answer (0) until then
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 0
-    clock.advance(LINK_ERRORS_EVERY - 5)
+    clock.advance(SLOW_INTERVAL - 5)
     text = scrape(source)
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="crc_flit") == 2000
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="1", error_type="replay") == 20
@@ -550,10 +558,10 @@ def test_nvlink_errors_on_one_link_rise_in_its_gpus_total_and_stay_counted() -> 
 
 def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> None:
     clock, sim, source = setup(2, per_link=True)
-    sim.set_unsupported(0, "device_remapped_rows", "device_retired_pages", "device_retired_pages_pending",
+    # row remapping (fields 142-145), retired pages (29-31), PCIe replays (94), memory temperature (82)
+    sim.set_unsupported(0, *(f"field:{field}" for field in (142, 143, 144, 145, 29, 30, 31, 94, 82)),
                         "device_memory_reserved_bytes", "device_encoder_utilization_percent",
-                        "device_pcie_replay_count", "device_pcie_link_generation", "device_memory_clock_mhz",
-                        "field:82")
+                        "device_pcie_link_generation", "device_memory_clock_mhz")
     calls = {"n": 0}
     original = sim.device_nvlink_error_count
 
@@ -565,7 +573,7 @@ def test_unsupported_health_queries_are_absent_never_zero_and_asked_once() -> No
 
     sim.device_nvlink_error_count = counting  # type: ignore[method-assign]
     for _ in range(3):
-        clock.advance(LINK_ERRORS_EVERY)  # the link error counters are read this often
+        clock.advance(SLOW_INTERVAL)  # the link error counters are read this often
         batch = source.collect()
     assert batch.errors == []
     text = Renderer().render(batch, TEXT).decode()
@@ -610,7 +618,7 @@ def test_a_failing_first_nvlink_read_is_counted_and_the_total_waits_for_every_li
     # would jump by all the link had counted); the other three are whole
     assert {labels[2] for labels in batch.values(c.GPU_NVLINK_ERRORS)} == {"recovery", "crc_flit", "crc_data"}
     assert len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4 - 1  # its own series is absent that round only
-    clock.advance(LINK_ERRORS_EVERY)
+    clock.advance(SLOW_INTERVAL)
     batch = source.collect()
     assert batch.errors == [] and len(batch.values(c.GPU_NVLINK_LINK_ERRORS)) == 18 * 4
     assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4
@@ -634,14 +642,14 @@ def test_a_link_first_read_after_the_total_is_published_adds_only_its_growth() -
     totals = []
     for _ in range(_LinkTotal.FIRST_ROUNDS):
         totals.append(_totals(source.collect()).get("crc_flit"))
-        clock.advance(LINK_ERRORS_EVERY)
+        clock.advance(SLOW_INTERVAL)
     assert totals[:-1] == [None] * (_LinkTotal.FIRST_ROUNDS - 1)  # waiting for link 5's first answer
     assert totals[-1] == 0  # then published without it: the other links counted none
     failing["on"] = False
     answered = _totals(source.collect())["crc_flit"]
     assert answered == 0  # its 20,000 + 200 x 30 counted before are not an increase
-    clock.advance(LINK_ERRORS_EVERY)
-    assert _totals(source.collect())["crc_flit"] == 200 * LINK_ERRORS_EVERY  # what it adds from then on
+    clock.advance(SLOW_INTERVAL)
+    assert _totals(source.collect())["crc_flit"] == 200 * SLOW_INTERVAL  # what it adds from then on
 
 
 def test_an_nvlink_counter_no_link_ever_answered_for_is_absent_not_zero() -> None:
@@ -653,8 +661,8 @@ def test_an_nvlink_counter_no_link_ever_answered_for_is_absent_not_zero() -> Non
     assert batch.values(c.GPU_NVLINK_ERRORS) == {}
     assert batch.values(c.GPU_UP) == {("0", sim.uuid(0)): 1}  # the GPU answered everything else
     clock.advance(1)
-    assert source.collect().values(c.GPU_NVLINK_ERRORS) == {}  # not read again before LINK_ERRORS_EVERY
-    clock.advance(LINK_ERRORS_EVERY)
+    assert source.collect().values(c.GPU_NVLINK_ERRORS) == {}  # not read again before SLOW_INTERVAL
+    clock.advance(SLOW_INTERVAL)
     batch = source.collect()
     assert batch.errors == [] and set(batch.values(c.GPU_NVLINK_ERRORS).values()) == {0}
     assert len(batch.values(c.GPU_NVLINK_ERRORS)) == 4
@@ -678,13 +686,13 @@ def test_per_link_nvlink_series_are_opt_in_and_sum_to_the_gpus_totals() -> None:
         source.collect()
         sim.nvlink_errors(1, link=7, seconds=60)
         sim.nvlink_errors(1, link=11, seconds=3)
-        clock.advance(LINK_ERRORS_EVERY)
+        clock.advance(SLOW_INTERVAL)
         batch = source.collect()
         assert batch.errors == []
         text = Renderer().render(batch, TEXT).decode()
         counts[per_link] = len([1 for _, labels in samples(text) if ("gpu", "1") in labels])
         totals = _totals(batch, "1")
-        assert totals["tx"] > 0 and totals["crc_flit"] == 200 * (LINK_ERRORS_EVERY + 3)
+        assert totals["tx"] > 0 and totals["crc_flit"] == 200 * (SLOW_INTERVAL + 3)
         links = {name: [s for s in series(text, name) if s["gpu"] == "1"] for name in (
             "goodput_gpu_nvlink_link_transmit_bytes_total", "goodput_gpu_nvlink_link_receive_bytes_total",
             "goodput_gpu_nvlink_link_errors_total")}
@@ -705,7 +713,7 @@ def test_per_link_nvlink_series_are_opt_in_and_sum_to_the_gpus_totals() -> None:
                                for s in links["goodput_gpu_nvlink_link_errors_total"] if s["error_type"] == error_type)
             assert per_link_sum == totals[error_type], error_type
         assert value(text, "goodput_gpu_nvlink_link_errors_total", gpu="1", uuid=sim.uuid(1), link="7",
-                     error_type="crc_flit") == 200 * LINK_ERRORS_EVERY
+                     error_type="crc_flit") == 200 * SLOW_INTERVAL
     # per GPU: 18 transmit + 18 receive + 18 x 4 error series more with nvlink_per_link
     assert counts[True] - counts[False] == 18 + 18 + 18 * 4
 
@@ -721,9 +729,10 @@ def test_a_failed_nvlink_read_keeps_the_gpus_totals_from_going_down() -> None:
         values = original(handle, fields)
         if len(fields) == 1:  # at start-up: the link count
             return values
-        answers.append(values[3::2])  # after PCIe tx, rx and memory temperature: each link's transmit, receive
+        # after PCIe, memory temperature and energy: each link's transmit, receive (then, some rounds, the slow ones)
+        answers.append(values[_LINK_FIELDS:_LINK_FIELDS + 2 * 18:2])
         for link in missing:
-            values[3 + 2 * link] = None
+            values[_LINK_FIELDS + 2 * link] = None
         return values
 
     sim.device_field_values = recorded  # type: ignore[method-assign]
@@ -733,12 +742,12 @@ def test_a_failed_nvlink_read_keeps_the_gpus_totals_from_going_down() -> None:
     assert first["replay"] == 2 and first["crc_flit"] == 200
     # the error counters: link 0's replay counter fails (the round's first call); it keeps its last answer
     sim.fail("device_nvlink_error_count", UNKNOWN, calls=1)
-    clock.advance(LINK_ERRORS_EVERY)
+    clock.advance(SLOW_INTERVAL)
     batch = source.collect()
     assert batch.errors == ["nvml_unknown"]
     second = _totals(batch)
     assert second["replay"] == first["replay"]  # not 0: the other 17 links counted none
-    assert second["crc_flit"] == 200 * (1 + LINK_ERRORS_EVERY)  # read this round
+    assert second["crc_flit"] == 200 * (1 + SLOW_INTERVAL)  # read this round
     assert second["tx"] == 1024 * sum(answers[-1])
     # the data counters: a whole field read fails; every link keeps its last answer
     sim.fail("device_field_values", UNKNOWN, calls=1)
@@ -776,7 +785,7 @@ def test_an_nvlink_counter_that_goes_back_keeps_the_gpus_total_counting() -> Non
     def link2_fields(handle, fields_asked):  # type: ignore[no-untyped-def]
         values = fields(handle, fields_asked)
         if len(fields_asked) > 1:  # not the link count, at start-up
-            values[3 + 2 * 2] -= reset["kib"]  # link 2's transmit counter
+            values[_LINK_FIELDS + 2 * 2] -= reset["kib"]  # link 2's transmit counter
         return values
 
     sim.device_nvlink_error_count = link2_errors  # type: ignore[method-assign]
@@ -784,27 +793,27 @@ def test_an_nvlink_counter_that_goes_back_keeps_the_gpus_total_counting() -> Non
     sim.nvlink_errors(0, link=2, seconds=600)
 
     def tx_kib() -> list[int]:  # each link's transmit counter, as the simulator has it now (before any reset)
-        return fields(sim.device_handle(0), source._gpus[0].fields)[3::2]  # type: ignore[index]
+        return fields(sim.device_handle(0), source._gpus[0].fields)[_LINK_FIELDS::2]  # type: ignore[index]
 
-    clock.advance(LINK_ERRORS_EVERY)
+    clock.advance(SLOW_INTERVAL)
     first = _totals(source.collect())
-    assert first["crc_flit"] == 200 * LINK_ERRORS_EVERY
+    assert first["crc_flit"] == 200 * SLOW_INTERVAL
     before = tx_kib()
     assert first["tx"] == 1024 * sum(before)
     # both of link 2's counters were reset 2.5 s after that read: they count from 0 since
-    clock.advance(LINK_ERRORS_EVERY)
+    clock.advance(SLOW_INTERVAL)
     now = tx_kib()
-    reset.update(errors=200 * (LINK_ERRORS_EVERY + 2.5), kib=now[2] - 1000)  # link 2 reads 1000 KiB now
+    reset.update(errors=200 * (SLOW_INTERVAL + 2.5), kib=now[2] - 1000)  # link 2 reads 1000 KiB now
     batch = source.collect()
     assert batch.errors == []
     second = _totals(batch)
     # the total goes on from what link 2 had counted, never down
-    assert second["crc_flit"] == 200 * LINK_ERRORS_EVERY + 200 * (LINK_ERRORS_EVERY - 2.5)
+    assert second["crc_flit"] == 200 * SLOW_INTERVAL + 200 * (SLOW_INTERVAL - 2.5)
     assert second["tx"] == 1024 * (sum(now) - now[2] + before[2] + 1000) > first["tx"]
-    clock.advance(LINK_ERRORS_EVERY)
+    clock.advance(SLOW_INTERVAL)
     later = tx_kib()
     third = _totals(source.collect())
-    assert third["crc_flit"] == 200 * LINK_ERRORS_EVERY + 200 * (2 * LINK_ERRORS_EVERY - 2.5)
+    assert third["crc_flit"] == 200 * SLOW_INTERVAL + 200 * (2 * SLOW_INTERVAL - 2.5)
     assert third["tx"] == 1024 * (sum(later) - later[2] + before[2] + later[2] - reset["kib"]) > second["tx"]
     assert third["rx"] > second["rx"] > first["rx"]  # the receive counters, never reset, count as ever
 
@@ -841,3 +850,50 @@ def test_scheduled_health_faults_reach_the_simulated_gpus() -> None:
     assert value(text, "goodput_gpu_nvlink_errors_total", gpu="2", error_type="crc_flit") == 2000
     with pytest.raises(ValueError, match="link"):
         SimulateConfig.model_validate({"gpus": 1, "faults": [{"at": "1ms", "kind": "nvlink_errors", "link": 18}]})
+
+
+def test_calls_are_counted_by_nvml_function_and_stay_within_the_budget() -> None:
+    """At the default intervals: every field of a collection in one nvmlDeviceGetFieldValues call per GPU, what only a
+    fault changes every slow_interval, and at most 10 NVML calls per GPU per second (39 before batching and
+    cadences), each counted under its NVML function's name."""
+    clock, _sim, source = setup(2)
+    seconds = 4 * SLOW_INTERVAL
+    for _ in range(round(seconds / INTERVAL)):
+        clock.advance(INTERVAL)
+        source.collect()
+    calls = source.library_calls()
+    # start-up: init, driver version, count, and per GPU its handle, identity, affinity, events, links
+    assert calls["nvmlInit"] == 1 and calls["nvmlDeviceGetHandleByIndex"] == 2
+    collections = round(seconds / INTERVAL)
+    assert calls["nvmlDeviceGetFieldValues"] == 2 * (collections + 1)  # + the link count at start-up
+    assert calls["nvmlDeviceGetPowerUsage"] == 2 * collections
+    assert calls["nvmlDeviceGetViolationStatus"] == 2 * collections * 6
+    assert calls["nvmlDeviceGetEnforcedPowerLimit"] == 2 * 4  # every slow_interval
+    assert calls["nvmlDeviceGetNvLinkErrorCounter"] == 2 * 4 * 18 * 4  # per link and counter, every slow_interval
+    assert "nvmlDeviceGetTotalEccErrors" not in calls and "nvmlDeviceGetRemappedRows" not in calls  # fields now
+    steady = sum(calls.values()) - calls["nvmlDeviceGetNvLinkState"] - calls["nvmlDeviceGetHandleByIndex"]
+    assert steady / 2 / seconds <= 10
+
+
+def test_nvml_initialisation_is_retried_with_backoff_and_recovers() -> None:
+    clock = ManualClock()
+    monotonic = ManualClock(0.0)
+    sim = SimulatedGpus(1, clock=clock)
+    source = NvmlSource(sim, clock=clock, monotonic=monotonic)
+    sim.fail("init", LIBRARY_NOT_FOUND)
+    tries = []
+    for second in range(700):
+        before = source.library_calls().get("nvmlInit", 0)
+        with pytest.raises(SourceError) as info:
+            source.collect()
+        assert info.value.reason == "nvml_not_found"  # every collection says why, without trying again
+        if source.library_calls()["nvmlInit"] > before:
+            tries.append(second)
+        monotonic.advance(1)
+    assert tries == [0, 10, 30, 70, 150, 310, 610]  # 10 s, then twice as long each time, up to 300 s
+    assert "next try in 300s" in str(info.value)
+    sim.clear_faults()
+    monotonic.advance(290)  # the next try is due
+    clock.advance(1)
+    assert value(scrape(source), "goodput_gpu_up", gpu="0") == 1
+    assert source._init_retry.failures == 0  # a success starts the backoff over

@@ -71,10 +71,10 @@ def test_gpus_share_one_pattern_until_one_is_given_its_own() -> None:
     sim = SimulatedGpus(4, clock=clock)
     assert len({id(gpu.pattern) for gpu in sim._gpus}) == 1
     clock.advance(30)
-    energy_before = [sim.device_energy_millijoules(sim.device_handle(i)) for i in range(4)]
+    energy_before = [sim.energy_millijoules(i) for i in range(4)]
     sim.set_pattern(2, Pattern.square(1.0, 1.0))
     assert sim._gpus[0].pattern is sim._gpus[3].pattern is not sim._gpus[2].pattern
-    energy_after = [sim.device_energy_millijoules(sim.device_handle(i)) for i in range(4)]
+    energy_after = [sim.energy_millijoules(i) for i in range(4)]
     assert energy_after[:2] == energy_before[:2] and energy_after[3] == energy_before[3]
     # GPU 2's energy is now its new pattern's from the start: 15 s busy and 15 s idle of the 30
     assert energy_after[2] - 3_600_000_000 == pytest.approx((70 * 30 + 630 * 15) * 1000, abs=1)

@@ -8,7 +8,7 @@ import logging
 import threading
 
 import pytest
-from conftest import ManualClock, live_server, quick_config, value, wait_for
+from conftest import ManualClock, live_server, quick_config, series, value, wait_for
 
 from exporter.config import ConfigError, load
 from exporter.core.adaptive import STEADY_RUNS
@@ -254,8 +254,8 @@ def test_bounds_default_from_the_interval_and_errors_name_the_keys() -> None:
     flags = load(None, {"nvml": {"min_interval": "100ms", "max_interval": "1m"}},
                  environ={"GOODPUT_NVML_INTERVAL": "3s"}).nvml
     assert (flags.min_interval, flags.interval, flags.max_interval) == (0.1, 3.0, 60.0)
-    with pytest.raises(ConfigError, match=r"nvml: min_interval 2s is longer than interval 1s"):
-        load(None, {"nvml": {"min_interval": "2s"}}, environ={})
+    with pytest.raises(ConfigError, match=r"nvml: min_interval 6s is longer than interval 5s"):
+        load(None, {"nvml": {"min_interval": "6s"}}, environ={})
     with pytest.raises(ConfigError, match=r"host: max_interval 2s is shorter than interval 5s"):
         load(None, {"host": {"max_interval": "2s"}}, environ={})
     with pytest.raises(ConfigError, match=r"nvml.interval: invalid duration") as error:
@@ -275,6 +275,20 @@ def test_the_interval_gauge_is_published_fixed_or_adapted() -> None:
     text = daemon.store.exposition().decode()
     assert value(text, "goodput_exporter_source_interval_seconds", source="ingest") == 0.2
     assert value(text, "goodput_exporter_source_interval_seconds", source="host") == 5.0
+
+
+def test_the_library_calls_of_a_source_are_published_by_function() -> None:
+    daemon = Daemon([Scheduled(NvmlSource(SimulatedGpus(2)), 5.0, 5.0), Scheduled(Scripted("host"), 5.0, 1.0)],
+                    "simulated")
+    for _ in range(2):
+        daemon.runners["nvml"].run_once()
+    text = daemon.store.exposition().decode()
+    calls = {s["call"]: value(text, "goodput_exporter_library_calls_total", **s)
+             for s in series(text, "goodput_exporter_library_calls_total")}
+    assert {s["source"] for s in series(text, "goodput_exporter_library_calls_total")} == {"nvml"}
+    assert calls["nvmlInit"] == 1
+    assert calls["nvmlDeviceGetFieldValues"] == 2 * 3  # per GPU: the link count at start-up, then one a collection
+    assert calls["nvmlDeviceGetPowerUsage"] == 2 * 2
 
 
 def test_live_daemon_publishes_the_adapted_interval_and_a_boost() -> None:

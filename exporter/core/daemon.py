@@ -67,8 +67,12 @@ class Daemon:
         self._http_servers = http_servers
         self._on_start = on_start
         self._process_registry = _process_metrics()
-        self.store = Store(extra=self._render_process_metrics, order=(*order, "exporter"))
+        # the exporter's own series change with every collection but are read only by a scrape: a collection marks
+        # them stale (`_self_metrics_stale`), and the scrape that finds them so publishes them first
+        self.store = Store(extra=self._render_process_metrics, order=(*order, "exporter"),
+                           refresh=self._refresh_self_metrics)
         self._self_lock = threading.Lock()
+        self._self_stale = False
         self._stop = threading.Event()
         self._stop_lock = threading.Lock()
         self._started = False
@@ -76,7 +80,7 @@ class Daemon:
         for item in sources:
             self.runners[item.source.name] = SourceRunner(
                 item.source, item.interval, item.timeout, publish=self.store.publish,
-                on_done=self.publish_self_metrics, adaptive=item.adaptive, min_interval=item.min_interval,
+                on_done=self._self_metrics_stale, adaptive=item.adaptive, min_interval=item.min_interval,
                 max_interval=item.max_interval)
         self.publish_self_metrics()
 
@@ -151,6 +155,14 @@ class Daemon:
                 reasons[name] = reason
         return reasons
 
+    def _self_metrics_stale(self) -> None:
+        self._self_stale = True
+
+    def _refresh_self_metrics(self) -> None:
+        if self._self_stale:
+            self._self_stale = False  # before publishing: a collection ending meanwhile marks them again
+            self.publish_self_metrics()
+
     def publish_self_metrics(self) -> None:
         with self._self_lock:
             batch = Batch()
@@ -166,6 +178,9 @@ class Daemon:
                 batch.add(health.SOURCE_COLLECTIONS, labels, runner.collections)
                 for reason, count in sorted(runner.errors.items()):
                     batch.add(health.SOURCE_ERRORS, (name, reason), count)
+                calls = getattr(runner.source, "library_calls", None)
+                for function, count in sorted(calls().items()) if calls is not None else ():
+                    batch.add(health.LIBRARY_CALLS, (name, function), count)
             opened: Counter[str] = Counter()
             closed: Counter[tuple[str, str]] = Counter()
             for server in self._http_servers():  # summed by name: a test process may run several daemons

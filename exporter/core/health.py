@@ -28,6 +28,11 @@ SOURCE_ERRORS = _m(
     "Errors of the source by reason: timeout (a call hung past the source's timeout), exception, "
     "nvml_not_found, nvml_<error> for NVML errors, and source-specific reasons.",
     (*SRC, "reason"))
+LIBRARY_CALLS = _m(
+    "goodput_exporter_library_calls_total", Kind.COUNTER, "",
+    "Calls the source made to the GPU library it reads, by function: NVML's (nvmlDeviceGetPowerUsage, ...) for the "
+    "nvml source, DCGM's for the dcgm source (the simulated backends' calls count under the same names). The "
+    "exporter's own cost on the node: bench/results.md has it per GPU and second.", (*SRC, "call"))
 BUILD_INFO = _m(
     "goodput_exporter_build_info", Kind.INFO, "",
     "Version of the exporter and the GPU backend it uses (nvml or simulated); value is always 1.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Protocol
 
 from .exposition import Batch
@@ -32,6 +33,11 @@ class Source(Protocol):
         """Why the source cannot do all its work yet although it collects (its events server still waits for an
         address, say), or None when it can. /readyz answers 503 and names the reason meanwhile."""
         return None
+
+    def library_calls(self) -> Mapping[str, int]:
+        """Calls made so far to the library the source reads (NVML, DCGM), by function; empty for a source that reads
+        none. Published as goodput_exporter_library_calls_total."""
+        return {}
 
     def close(self) -> None:
         """Release what the source holds (connections, worker processes, servers)."""

@@ -75,9 +75,11 @@ class _Block:
 
 class Store:
     def __init__(self, extra: Callable[[str], bytes] | None = None, extra_ttl: float = 1.0,
-                 order: Sequence[str] = ()) -> None:
+                 order: Sequence[str] = (), refresh: Callable[[], None] | None = None) -> None:
         """`extra(fmt)` renders series outside the catalog (process metrics), refreshed every `extra_ttl`;
-        `order`, the sources' names in the order their blocks are joined (others follow, by name)."""
+        `order`, the sources' names in the order their blocks are joined (others follow, by name); `refresh`, called
+        before each exposition (to publish what is only worth building when someone reads it)."""
+        self._refresh = refresh
         self._rank = {name: i for i, name in enumerate(order)}
         self._lock = threading.Lock()
         self._blocks: dict[str, _Block] = {}
@@ -126,6 +128,8 @@ class Store:
         return cached[1]
 
     def exposition(self, fmt: str = TEXT, compress: bool = False) -> bytes:
+        if self._refresh is not None:
+            self._refresh()
         now = time.monotonic()
         with self._lock:
             extra_at, extra = self._extra_body(fmt, now)

@@ -161,6 +161,18 @@ class Latest:
     stale: int = 0  # samples left out for being older than STALE_AFTER_INTERVALS watch intervals
 
 
+# The DCGM function behind each DcgmBackend method (its main one: connecting also initialises, listing GPUs also
+# reads the default group): the `call` label of goodput_exporter_library_calls_total
+DCGM_FUNCTIONS = {
+    "connect": "dcgmConnect_v2",
+    "gpus": "dcgmGetDeviceAttributes",
+    "gpu_instances": "dcgmGetGpuInstanceHierarchy",
+    "watch": "dcgmWatchFields",
+    "latest": "dcgmGetLatestValues_v2",
+    "disconnect": "dcgmDisconnect",
+}
+
+
 class DcgmBackend(Protocol):
     """Methods raise `DcgmError`."""
 

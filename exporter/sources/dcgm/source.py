@@ -21,6 +21,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from ...core.backoff import Backoff
+from ...core.calls import CountedCalls
 from ...core.exposition import Batch
 from ...core.gpus import NodeGpus
 from ..base import Source, SourceError
@@ -29,6 +31,7 @@ from . import metrics as c
 from .api import (
     BASE_FIELDS,
     CONNECTION_NOT_VALID,
+    DCGM_FUNCTIONS,
     FE_GPU,
     FE_GPU_I,
     FI_PROF_DRAM_ACTIVE,
@@ -78,6 +81,10 @@ METRICS: dict[int, c.Metric] = {
     FI_PROF_NVLINK_RX_BYTES: c.GPU_DCGM_NVLINK_RX,
 }
 PROFILING_RETRY_AFTER = 300.0  # seconds before asking again for fields DCGM said it cannot give
+# DCGM could not be reached (no nv-hostengine, no bindings): tried again after this, then twice as long each time up
+# to CONNECT_RETRY_MOST, instead of at every collection
+CONNECT_RETRY_FIRST = 5.0
+CONNECT_RETRY_MOST = 300.0
 HIERARCHY_EVERY = 30.0  # seconds between checks of the MIG layout, in bindings mode
 EXPORTER_DEADLINE_SHARE = 0.8  # of dcgm.timeout: the source reports its own clear reason first
 MAX_LOGGED_GPUS = 64  # unknown GPUs logged by UUID, at most (the input is another program's)
@@ -90,7 +97,10 @@ class _BindingsReader:
     """Keeps a connection to DCGM with the profiling fields watched; reconnects after a failure."""
 
     def __init__(self, backend: DcgmBackend, config: DcgmConfig, clock: Callable[[], float]) -> None:
-        self.backend = backend
+        self.calls = CountedCalls(backend, DCGM_FUNCTIONS)  # every call counted (goodput_exporter_library_calls_total)
+        self.backend: DcgmBackend = self.calls  # type: ignore[assignment]
+        self._retry = Backoff(CONNECT_RETRY_FIRST, CONNECT_RETRY_MOST, clock=clock)
+        self._retry_error: tuple[str, str] = ("", "")  # the last failure's reason and message
         self.interval = config.interval
         self.where = ("DCGM's embedded engine" if config.hostengine == "embedded"
                       else f"nv-hostengine at {config.hostengine}")
@@ -146,11 +156,22 @@ class _BindingsReader:
             if self._clock() - since < PROFILING_RETRY_AFTER:
                 raise SourceError(reason, message)  # a fresh one each time: no shared traceback
             self._unavailable = None
+        if not self._retry.due():
+            raise SourceError(*self._retry_error)
         try:
             self._connect_and_watch()
+        except SourceError as exc:
+            self._drop()
+            if self._unavailable is None:  # not the profiling fields' refusal, which waits on its own
+                delay = self._retry.failed()
+                self._retry_error = (exc.reason, f"{exc} (next try in {delay:g}s; the wait doubles after each "
+                                     f"failure, up to {self._retry.most:g}s)")
+                raise SourceError(*self._retry_error) from None
+            raise
         except BaseException:  # DcgmError or not, the handle is closed: nothing leaks
             self._drop()
             raise
+        self._retry.succeeded()
 
     def _connect_and_watch(self) -> None:
         try:
@@ -320,6 +341,10 @@ class DcgmSource(Source):
         self._unknown_logged: set[str] = set()
         self._seen: set[str] = set()
         self._own_ids_logged = False
+
+    def library_calls(self) -> dict[str, int]:
+        reader = self._reader
+        return reader.calls.by_function() if isinstance(reader, _BindingsReader) else {}
 
     def collect(self) -> Batch:
         batch = Batch()

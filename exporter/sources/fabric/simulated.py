@@ -43,6 +43,7 @@ class _Nic:
     symbol_errors_rate: float = 0.0
     ecn_rate: float = 0.0
     counters: dict[str, float] = field(default_factory=dict)  # ground truth, exact
+    last: float = 0.0  # the clock's time its counters were last brought to
 
 
 def _rate_text(gbps: float) -> str:
@@ -66,6 +67,8 @@ class SimulatedFabric:
         self._links: dict[str, str] = {}
         self.nics: list[_Nic] = []
         self._build(list(gpu_bus_ids), count)
+        for nic in self.nics:
+            nic.last = self._last
 
     # --- the tree -------------------------------------------------------------------------------------------
 
@@ -179,7 +182,10 @@ class SimulatedFabric:
 
     def _counter(self, nic: _Nic, name: str) -> Callable[[], str]:
         def read() -> str:
-            self.advance()
+            with self._lock:  # this NIC's counters only: a collection reads hundreds of files
+                now = self._clock()
+                dt, nic.last = max(0.0, now - nic.last), now
+                self._step(nic, now, dt)
             return str(int(nic.counters.get(name, 0)))
         return read
 
@@ -187,8 +193,8 @@ class SimulatedFabric:
         """Bring every counter to now."""
         with self._lock:
             now = self._clock()
-            dt, self._last = max(0.0, now - self._last), now
             for nic in self.nics:
+                dt, nic.last = max(0.0, now - nic.last), now
                 self._step(nic, now, dt)
 
     def _step(self, nic: _Nic, now: float, dt: float) -> None:

@@ -12,7 +12,8 @@ from .settings import NvmlConfig
 def _build(node: Node, settings: Any) -> Source:
     from .source import NvmlSource
 
-    return NvmlSource(node.gpu_backend, node.gpus, nvlink_per_link=settings.nvlink_per_link)
+    return NvmlSource(node.gpu_backend, node.gpus, nvlink_per_link=settings.nvlink_per_link,
+                      slow_interval=settings.slow_interval)
 
 
 SPEC = SourceSpec("nvml", "GPU (source `nvml`)", NvmlConfig, METRICS, _build)

@@ -59,13 +59,65 @@ NVLINK_ERRORS = {
     3: "crc_data",  # NVML_NVLINK_ERROR_DL_CRC_DATA
 }
 
-# NVML field ids used through nvmlDeviceGetFieldValues.
+# NVML field ids used through nvmlDeviceGetFieldValues (nvml.h NVML_FI_DEV_*), which reads many in one call.
+FI_ECC_SBE_VOL_TOTAL = 3  # single-bit (corrected) ECC errors since the driver loaded (nvmlDeviceGetTotalEccErrors)
+FI_ECC_DBE_VOL_TOTAL = 4  # double-bit (uncorrected) ones
+FI_RETIRED_SBE = 29  # pages retired for multiple single-bit errors, as nvmlDeviceGetRetiredPages
+FI_RETIRED_DBE = 30  # pages retired for a double-bit error
+FI_RETIRED_PENDING = 31  # 1 when a page waits for a reset to be retired
 FI_MEMORY_TEMP = 82
+FI_TOTAL_ENERGY = 83  # mJ since the driver was loaded, as nvmlDeviceGetTotalEnergyConsumption
 FI_NVLINK_LINK_COUNT = 91
+FI_PCIE_REPLAY_COUNTER = 94  # as nvmlDeviceGetPcieReplayCounter
 FI_NVLINK_DATA_TX_KIB = 138
 FI_NVLINK_DATA_RX_KIB = 139
+FI_REMAPPED_COR = 142  # rows remapped after correctable errors, as nvmlDeviceGetRemappedRows
+FI_REMAPPED_UNC = 143  # after uncorrectable ones
+FI_REMAPPED_PENDING = 144  # 1 when a remap waits for a reset
+FI_REMAPPED_FAILURE = 145  # 1 when a row could not be remapped
 FI_PCIE_TX_BYTES = 197
 FI_PCIE_RX_BYTES = 198
+
+# The NVML function behind each GpuBackend method: the `call` label of goodput_exporter_library_calls_total (the
+# simulated backend's calls count under the same names). pynvml makes some of them twice (a first call for the size
+# of the answer): bench/nvml_real.py counts those C calls apart.
+NVML_FUNCTIONS = {
+    "init": "nvmlInit",
+    "shutdown": "nvmlShutdown",
+    "driver_version": "nvmlSystemGetDriverVersion",
+    "device_count": "nvmlDeviceGetCount",
+    "device_handle": "nvmlDeviceGetHandleByIndex",
+    "device_name": "nvmlDeviceGetName",
+    "device_uuid": "nvmlDeviceGetUUID",
+    "device_pci_bus_id": "nvmlDeviceGetPciInfo",
+    "device_minor_number": "nvmlDeviceGetMinorNumber",
+    "device_utilization_percent": "nvmlDeviceGetUtilizationRates",
+    "device_utilization_samples": "nvmlDeviceGetSamples",
+    "device_memory": "nvmlDeviceGetMemoryInfo",
+    "device_power_milliwatts": "nvmlDeviceGetPowerUsage",
+    "device_power_limit_milliwatts": "nvmlDeviceGetEnforcedPowerLimit",
+    "device_temperature_celsius": "nvmlDeviceGetTemperature",
+    "device_sm_clock_mhz": "nvmlDeviceGetClockInfo",
+    "device_memory_clock_mhz": "nvmlDeviceGetClockInfo",
+    "device_violation_nanoseconds": "nvmlDeviceGetViolationStatus",
+    "device_memory_reserved_bytes": "nvmlDeviceGetMemoryInfo_v2",
+    "device_encoder_utilization_percent": "nvmlDeviceGetEncoderUtilization",
+    "device_decoder_utilization_percent": "nvmlDeviceGetDecoderUtilization",
+    "device_pcie_link_generation": "nvmlDeviceGetCurrPcieLinkGeneration",
+    "device_pcie_link_max_generation": "nvmlDeviceGetMaxPcieLinkGeneration",
+    "device_pcie_link_width": "nvmlDeviceGetCurrPcieLinkWidth",
+    "device_pcie_link_max_width": "nvmlDeviceGetMaxPcieLinkWidth",
+    "device_field_values": "nvmlDeviceGetFieldValues",
+    "device_nvlink_active": "nvmlDeviceGetNvLinkState",
+    "device_nvlink_error_count": "nvmlDeviceGetNvLinkErrorCounter",
+    "device_compute_processes": "nvmlDeviceGetComputeRunningProcesses",
+    "device_cpu_affinity": "nvmlDeviceGetCpuAffinity",
+    "device_mig_enabled": "nvmlDeviceGetMigMode",
+    "device_mig_handles": "nvmlDeviceGetMigDeviceHandleByIndex",
+    "mig_instance_ids": "nvmlDeviceGetGpuInstanceId",
+    "xid_events_register": "nvmlDeviceRegisterEvents",
+    "xid_events_poll": "nvmlEventSetWait",
+}
 
 
 class GpuError(Exception):
@@ -128,12 +180,10 @@ class GpuBackend(Protocol):
         """The power limit the driver enforces (the lowest of the software, hardware and board limits)."""
         ...
 
-    def device_energy_millijoules(self, handle: Handle) -> int: ...
     def device_temperature_celsius(self, handle: Handle) -> int: ...
     def device_sm_clock_mhz(self, handle: Handle) -> int: ...
     def device_memory_clock_mhz(self, handle: Handle) -> int: ...
     def device_violation_nanoseconds(self, handle: Handle, policy: int) -> int: ...
-    def device_ecc_errors(self, handle: Handle, uncorrected: bool) -> int: ...
 
     def device_memory_reserved_bytes(self, handle: Handle) -> int:
         """Frame-buffer memory the driver and firmware reserve (nvmlDeviceGetMemoryInfo_v2)."""
@@ -141,10 +191,6 @@ class GpuBackend(Protocol):
 
     def device_encoder_utilization_percent(self, handle: Handle) -> int: ...
     def device_decoder_utilization_percent(self, handle: Handle) -> int: ...
-
-    def device_pcie_replay_count(self, handle: Handle) -> int:
-        """PCIe replays (retransmissions after link errors) since the driver was loaded."""
-        ...
 
     def device_pcie_link_generation(self, handle: Handle) -> int:
         """The generation the link runs at now (many boards drop it while idle, to save power)."""
@@ -162,21 +208,9 @@ class GpuBackend(Protocol):
         """The most lanes this GPU and the slot it sits in can both run."""
         ...
 
-    def device_remapped_rows(self, handle: Handle) -> tuple[int, int, int, int]:
-        """(rows remapped after correctable errors, after uncorrectable ones, a remap pending 0/1, a remap
-        failed 0/1): Ampere and later."""
-        ...
-
-    def device_retired_pages(self, handle: Handle, cause: int) -> int:
-        """Pages retired for `cause` (a key of RETIREMENT_CAUSES): before Ampere."""
-        ...
-
-    def device_retired_pages_pending(self, handle: Handle) -> int:
-        """1 when a page waits for a reset (or reboot) to be retired, else 0."""
-        ...
-
-    def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | None]:
-        """Integer values of (field id, scope id) pairs; None where the field is not supported."""
+    def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | GpuError | None]:
+        """Integer values of (field id, scope id) pairs, all in one call: None where the field is not supported (or
+        the driver lacks it), the GpuError where reading it failed otherwise."""
         ...
 
     def device_nvlink_active(self, handle: Handle, link: int) -> bool: ...

@@ -30,9 +30,15 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _field_int(field: Any) -> int | None:
-    if field.nvmlReturn != pynvml.NVML_SUCCESS:
-        return None
+# a field this GPU or driver does not have: None, as a call that is not supported
+_FIELD_ABSENT = frozenset({pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_ERROR_FUNCTION_NOT_FOUND,
+                           pynvml.NVML_ERROR_INVALID_ARGUMENT})
+
+
+def _field_int(field: Any) -> int | GpuError | None:
+    status = field.nvmlReturn
+    if status != pynvml.NVML_SUCCESS:
+        return None if status in _FIELD_ABSENT else GpuError(int(status))
     value_type = field.valueType
     if value_type == pynvml.NVML_VALUE_TYPE_DOUBLE:
         return int(field.value.dVal)
@@ -123,10 +129,6 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetEnforcedPowerLimit(handle))
 
     @_translated
-    def device_energy_millijoules(self, handle: Handle) -> int:
-        return int(pynvml.nvmlDeviceGetTotalEnergyConsumption(handle))
-
-    @_translated
     def device_temperature_celsius(self, handle: Handle) -> int:
         return int(pynvml.nvmlDeviceGetTemperature(handle, pynvml.NVML_TEMPERATURE_GPU))
 
@@ -143,12 +145,6 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
 
     @_translated
-    def device_ecc_errors(self, handle: Handle, uncorrected: bool) -> int:
-        error_type = (pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED if uncorrected
-                      else pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED)
-        return int(pynvml.nvmlDeviceGetTotalEccErrors(handle, error_type, pynvml.NVML_VOLATILE_ECC))
-
-    @_translated
     def device_memory_reserved_bytes(self, handle: Handle) -> int:
         # the v2 structure (driver 510+); an older driver lacks the call (FUNCTION_NOT_FOUND) or the version
         # (ARGUMENT_VERSION_MISMATCH): both read as unsupported
@@ -163,10 +159,6 @@ class NvmlLibrary:
     def device_decoder_utilization_percent(self, handle: Handle) -> int:
         utilization, _sampling_period_us = pynvml.nvmlDeviceGetDecoderUtilization(handle)
         return int(utilization)
-
-    @_translated
-    def device_pcie_replay_count(self, handle: Handle) -> int:
-        return int(pynvml.nvmlDeviceGetPcieReplayCounter(handle))
 
     @_translated
     def device_pcie_link_generation(self, handle: Handle) -> int:
@@ -187,20 +179,7 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetMaxPcieLinkWidth(handle))
 
     @_translated
-    def device_remapped_rows(self, handle: Handle) -> tuple[int, int, int, int]:
-        corrected, uncorrected, pending, failure = pynvml.nvmlDeviceGetRemappedRows(handle)
-        return int(corrected), int(uncorrected), 1 if pending else 0, 1 if failure else 0
-
-    @_translated
-    def device_retired_pages(self, handle: Handle, cause: int) -> int:
-        return len(pynvml.nvmlDeviceGetRetiredPages(handle, cause))
-
-    @_translated
-    def device_retired_pages_pending(self, handle: Handle) -> int:
-        return 1 if pynvml.nvmlDeviceGetRetiredPagesPendingStatus(handle) == pynvml.NVML_FEATURE_ENABLED else 0
-
-    @_translated
-    def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | None]:
+    def device_field_values(self, handle: Handle, fields: list[tuple[int, int]]) -> list[int | GpuError | None]:
         return [_field_int(f) for f in pynvml.nvmlDeviceGetFieldValues(handle, fields)]
 
     @_translated

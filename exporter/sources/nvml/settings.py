@@ -7,13 +7,20 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 
 from ...core.settings import Duration, Section, SourceConfig
-
-# NVML keeps about this many seconds of a GPU's utilization samples: an nvml source that polls less often than this
-# loses the samples in between, and its idle counter is no longer exact
-NVML_SAMPLE_SECONDS = 20.0
+from .cadence import INTERVAL, NVML_SAMPLE_SECONDS, SLOW_INTERVAL
 
 
 class NvmlConfig(SourceConfig):
+    interval: Duration = Field(
+        INTERVAL, description="How often the source collects: utilization, memory, power, energy, temperature, "
+        "clocks, throttling, PCIe and NVLink traffic, processes. The idle counter integrates every utilization sample "
+        f"NVML keeps (about {NVML_SAMPLE_SECONDS:g}s of them) whatever the interval, so it is exact at any interval up "
+        "to that; a shorter one only makes the gauges fresher, at about 20 NVML calls per GPU per collection.")
+    slow_interval: Duration = Field(
+        SLOW_INTERVAL, description="How often what only a fault, a reset or an operator changes is read: ECC error "
+        "counts, retired pages, row remapping, PCIe replays, the PCIe link's maximum generation and width, the power "
+        "limit, reserved memory, NVLink error counters (one call per link and counter: 72 on an H100). Published with "
+        "every collection in between, as last read.")
     nvlink_per_link: bool = Field(
         False, description="Also publish each active NVLink link's byte and error counters (a `link` label: 108 "
         "more series per H100). For finding which link of a GPU counts errors; the per-GPU totals are always "

@@ -27,12 +27,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api import (
+    FI_ECC_DBE_VOL_TOTAL,
+    FI_ECC_SBE_VOL_TOTAL,
     FI_MEMORY_TEMP,
     FI_NVLINK_DATA_RX_KIB,
     FI_NVLINK_DATA_TX_KIB,
     FI_NVLINK_LINK_COUNT,
+    FI_PCIE_REPLAY_COUNTER,
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
+    FI_REMAPPED_COR,
+    FI_REMAPPED_FAILURE,
+    FI_REMAPPED_PENDING,
+    FI_REMAPPED_UNC,
+    FI_RETIRED_DBE,
+    FI_RETIRED_PENDING,
+    FI_RETIRED_SBE,
+    FI_TOTAL_ENERGY,
     GPU_IS_LOST,
     NOT_FOUND,
     NOT_SUPPORTED,
@@ -91,8 +102,34 @@ PCIE_TX_BUSY_BYTES_PER_SECOND = 1.5e9
 PCIE_RX_BUSY_BYTES_PER_SECOND = 3e9
 NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK = 10 * 2**30
 MEMORY_PHASE_SHARE = 0.2  # of each training step's compute: the optimizer update, memory-bound
-_NVLINK_DATA = -1  # in a field plan (SimulatedGpus._field_plan): a link's data counter
-_MEMORY_TEMP = 4  # in a field plan: the memory temperature (computed only when asked for)
+FIELD_PLANS = 8  # field lists whose plans a GPU keeps (the nvml source asks for two: every collection's, the slow one)
+
+
+def _energy(gpu: _Gpu, busy: float, elapsed: float) -> int:
+    joules = IDLE_WATTS * elapsed + (MAX_WATTS - IDLE_WATTS) * busy
+    return 3_600_000_000 + int(joules * 1000)  # mJ; the driver has been up for a while
+
+
+# The fields a GPU answers from its state: (GPU, busy seconds since start, seconds since start) -> the value. NVLink
+# data counters and the memory temperature are SimulatedGpus._field_plan's.
+_FIELDS: dict[int, Callable[[_Gpu, float, float], int]] = {
+    FI_NVLINK_LINK_COUNT: lambda gpu, busy, elapsed: NVLINKS,
+    FI_PCIE_TX_BYTES: lambda gpu, busy, elapsed: int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND
+                                                     + elapsed * PCIE_IDLE_BYTES_PER_SECOND),
+    FI_PCIE_RX_BYTES: lambda gpu, busy, elapsed: int(busy * PCIE_RX_BUSY_BYTES_PER_SECOND
+                                                     + elapsed * PCIE_IDLE_BYTES_PER_SECOND),
+    FI_TOTAL_ENERGY: _energy,
+    FI_ECC_SBE_VOL_TOTAL: lambda gpu, busy, elapsed: gpu.ecc[0],
+    FI_ECC_DBE_VOL_TOTAL: lambda gpu, busy, elapsed: gpu.ecc[1],
+    FI_RETIRED_SBE: lambda gpu, busy, elapsed: gpu.retired_pages[0],
+    FI_RETIRED_DBE: lambda gpu, busy, elapsed: gpu.retired_pages[1],
+    FI_RETIRED_PENDING: lambda gpu, busy, elapsed: gpu.retired_pages_pending,
+    FI_REMAPPED_COR: lambda gpu, busy, elapsed: gpu.remapped_rows[0],
+    FI_REMAPPED_UNC: lambda gpu, busy, elapsed: gpu.remapped_rows[1],
+    FI_REMAPPED_PENDING: lambda gpu, busy, elapsed: gpu.row_remap_pending,
+    FI_REMAPPED_FAILURE: lambda gpu, busy, elapsed: gpu.row_remap_failure,
+    FI_PCIE_REPLAY_COUNTER: lambda gpu, busy, elapsed: gpu.pcie_replays,
+}
 
 
 class Pattern:
@@ -233,7 +270,10 @@ class _Gpu:
     # the last utilization samples computed, by end time (µs) -> whole percent: pure functions of the pattern
     samples: dict[int, float] = field(default_factory=dict)
     busy_at_start: float | None = None  # pattern's busy seconds at the simulator's start
-    field_plan: tuple[list[tuple[int, int]], list[tuple[int, int]]] | None = None  # fields asked -> their plan
+    # fields asked -> what answers each: a field's function of (GPU, busy seconds, elapsed seconds), None for no
+    # answer, or a link's number for its NVLink data counter
+    field_plans: dict[tuple[tuple[int, int], ...], list[Callable[[_Gpu, float, float], int] | int | None]] = field(
+        default_factory=dict)
 
 
 @dataclass
@@ -363,7 +403,7 @@ class SimulatedGpus:
     def set_unsupported(self, index: int, *what: str) -> None:
         """Make methods (e.g. "device_power_milliwatts") or fields ("field:197") unsupported."""
         self._gpus[index].unsupported.update(what)
-        self._gpus[index].field_plan = None
+        self._gpus[index].field_plans.clear()
 
     def inject_xid(self, index: int, xid: int, count: int = 1) -> None:
         with self._lock:
@@ -613,11 +653,10 @@ class SimulatedGpus:
         self._check("device_power_limit_milliwatts", handle)
         return int(MAX_WATTS * 1000)
 
-    def device_energy_millijoules(self, handle: _Gpu) -> int:
-        self._check("device_energy_millijoules", handle)
-        elapsed = self._clock() - self._start
-        joules = IDLE_WATTS * elapsed + (MAX_WATTS - IDLE_WATTS) * self._busy(handle)
-        return 3_600_000_000 + int(joules * 1000)  # the driver has been up for a while
+    def energy_millijoules(self, index: int) -> int:
+        """GPU `index`'s energy counter now (NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION)."""
+        gpu = self._gpus[index]
+        return _energy(gpu, self._busy(gpu), self._clock() - self._start)
 
     def device_temperature_celsius(self, handle: _Gpu) -> int:
         self._check("device_temperature_celsius", handle)
@@ -650,10 +689,6 @@ class SimulatedGpus:
         self._check("device_decoder_utilization_percent", handle)
         return 0
 
-    def device_pcie_replay_count(self, handle: _Gpu) -> int:
-        self._check("device_pcie_replay_count", handle)
-        return handle.pcie_replays
-
     def device_pcie_link_generation(self, handle: _Gpu) -> int:
         self._check("device_pcie_link_generation", handle)
         if self._busy(handle, PCIE_IDLE_SECONDS) < 1e-9 and self._clock() - self._start >= PCIE_IDLE_SECONDS:
@@ -672,19 +707,6 @@ class SimulatedGpus:
         self._check("device_pcie_link_max_width", handle)
         return PCIE_WIDTH
 
-    def device_remapped_rows(self, handle: _Gpu) -> tuple[int, int, int, int]:
-        self._check("device_remapped_rows", handle)
-        corrected, uncorrected = handle.remapped_rows
-        return corrected, uncorrected, handle.row_remap_pending, handle.row_remap_failure
-
-    def device_retired_pages(self, handle: _Gpu, cause: int) -> int:
-        self._check("device_retired_pages", handle)
-        return handle.retired_pages[cause]
-
-    def device_retired_pages_pending(self, handle: _Gpu) -> int:
-        self._check("device_retired_pages_pending", handle)
-        return handle.retired_pages_pending
-
     def device_violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
         self._check("device_violation_nanoseconds", handle)
         if not handle.throttles:
@@ -694,24 +716,19 @@ class SimulatedGpus:
                       for p, start, end in handle.throttles if p == policy and start <= now)
         return int(seconds * 1e9)
 
-    def device_ecc_errors(self, handle: _Gpu, uncorrected: bool) -> int:
-        self._check("device_ecc_errors", handle)
-        return handle.ecc[1 if uncorrected else 0]
-
-    def device_field_values(self, handle: _Gpu, fields: list[tuple[int, int]]) -> list[int | None]:
+    def device_field_values(self, handle: _Gpu, fields: list[tuple[int, int]]) -> list[int | GpuError | None]:
         self._check("device_field_values", handle)
+        key = tuple(fields)
+        plan = handle.field_plans.get(key)
+        if plan is None:
+            if len(handle.field_plans) >= FIELD_PLANS:
+                handle.field_plans.clear()
+            plan = handle.field_plans[key] = self._field_plan(handle, fields)
         busy = self._busy(handle)
         elapsed = self._clock() - self._start
         nvlink_kib = busy * NVLINK_BUSY_BYTES_PER_SECOND_PER_LINK / 1024
-        answers = (None, NVLINKS,
-                   int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND),
-                   int(busy * PCIE_RX_BUSY_BYTES_PER_SECOND + elapsed * PCIE_IDLE_BYTES_PER_SECOND))
-        plan = handle.field_plan
-        if plan is None or plan[0] != fields:
-            plan = handle.field_plan = (list(fields), self._field_plan(handle, fields))
-        if any(kind == _MEMORY_TEMP for kind, _ in plan[1]):
-            answers = (*answers, self._memory_temperature(handle))
-        return [int(nvlink_kib + scope) if kind == _NVLINK_DATA else answers[kind] for kind, scope in plan[1]]
+        return [answer(handle, busy, elapsed) if callable(answer) else  # type: ignore[misc]
+                None if answer is None else int(nvlink_kib + answer) for answer in plan]
 
     def _memory_temperature(self, handle: _Gpu) -> int:
         """HBM runs a little cooler than the core, and follows the same recent load."""
@@ -720,26 +737,19 @@ class SimulatedGpus:
         hot = 15 if self._throttled(handle, THROTTLE_POLICY["thermal"]) else 0
         return int(30 + 30 * recent + hot)
 
-    @staticmethod
-    def _field_plan(handle: _Gpu, fields: list[tuple[int, int]]) -> list[tuple[int, int]]:
-        """What answers each field: (_NVLINK_DATA, link) for a link's KiB counter, else (index into the
-        answers: none, link count, PCIe TX bytes, PCIe RX bytes, memory temperature (_MEMORY_TEMP), 0)."""
-        plan = []
+    def _field_plan(self, handle: _Gpu, fields: list[tuple[int, int]]) -> list[Callable[[_Gpu, float, float], int]
+                                                                               | int | None]:
+        """What answers each field (see `_Gpu.field_plans`); a field made unsupported answers None."""
+        plan: list[Callable[[_Gpu, float, float], int] | int | None] = []
         for field_id, scope in fields:
             if f"field:{field_id}" in handle.unsupported:
-                plan.append((0, 0))
-            elif field_id == FI_NVLINK_LINK_COUNT:
-                plan.append((1, 0))
-            elif field_id in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB) and scope < NVLINKS:
-                plan.append((_NVLINK_DATA, scope))  # KiB
-            elif field_id == FI_PCIE_TX_BYTES:
-                plan.append((2, 0))
-            elif field_id == FI_PCIE_RX_BYTES:
-                plan.append((3, 0))
+                plan.append(None)
+            elif field_id in (FI_NVLINK_DATA_TX_KIB, FI_NVLINK_DATA_RX_KIB):
+                plan.append(scope if scope < NVLINKS else None)  # KiB, per link
             elif field_id == FI_MEMORY_TEMP:
-                plan.append((_MEMORY_TEMP, 0))
+                plan.append(lambda gpu, busy, elapsed: self._memory_temperature(gpu))
             else:
-                plan.append((0, 0))
+                plan.append(_FIELDS.get(field_id))
         return plan
 
     def device_nvlink_active(self, handle: _Gpu, link: int) -> bool:

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ...core.backoff import Backoff
+from ...core.calls import CountedCalls
 from ...core.catalog import Metric
 from ...core.exposition import Batch
 from ...core.gpus import GpuHolder, GpuIdentity, NodeGpus
-from ..base import Source, SourceError
+from ...core.source import Source, SourceError
 from . import metrics as c
 from .api import (
     ARGUMENT_VERSION_MISMATCH,
@@ -30,12 +32,14 @@ from .api import (
     LIBRARY_NOT_FOUND,
     NOT_SUPPORTED,
     NVLINK_ERRORS,
+    NVML_FUNCTIONS,
     UNKNOWN,
     GpuBackend,
     GpuError,
 )
+from .cadence import SLOW_INTERVAL
 from .peak_flops import peak_flops
-from .readings import READINGS
+from .readings import READINGS, Reading
 
 log = logging.getLogger(__name__)
 
@@ -49,15 +53,27 @@ NVML_MISSING = (
 UNKNOWN_UUID = "unknown"
 # not supported by the GPU, or the driver lacks the call (or the version of its structure the binding passes)
 UNSUPPORTED = (NOT_SUPPORTED, FUNCTION_NOT_FOUND, ARGUMENT_VERSION_MISMATCH)
-# the fields every GPU is asked for (nvmlDeviceGetFieldValues), in this order; then each active link's NVLink
-# data counters (transmit, receive)
-_FIELDS = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0), (FI_MEMORY_TEMP, 0)]
+# The readings by how they are read (as (index in READINGS, reading)): by a call of their own, every collection or
+# every slow_interval; or by fields of the GPU's one nvmlDeviceGetFieldValues call a collection
+_CALLS = [(i, r) for i, r in enumerate(READINGS) if r.call and not r.slow]
+_SLOW_CALLS = [(i, r) for i, r in enumerate(READINGS) if r.call and r.slow]
+_FIELD_READINGS = [(i, r) for i, r in enumerate(READINGS) if r.fields and not r.slow]
+_SLOW_FIELD_READINGS = [(i, r) for i, r in enumerate(READINGS) if r.fields and r.slow]
+# The fields every GPU is asked for each collection, in this order: PCIe traffic, memory temperature, the field
+# readings'; then each active link's NVLink data counters (transmit, receive); then, every slow_interval, the slow
+# field readings'
+_FIELDS = [(FI_PCIE_TX_BYTES, 0), (FI_PCIE_RX_BYTES, 0), (FI_MEMORY_TEMP, 0),
+           *((field_id, 0) for _, reading in _FIELD_READINGS for field_id in reading.fields)]
 _LINK_FIELDS = len(_FIELDS)
-# NVLink error counters cost one NVML call per link and counter (72 a poll on an H100): read this often,
-# in seconds; they only feed rates over minutes. Each counter is published per GPU, summed over its active links
-# (`_LinkTotal`); per link only with nvml.nvlink_per_link
-LINK_ERRORS_EVERY = 10.0
+_SLOW_FIELDS = [(field_id, 0) for _, reading in _SLOW_FIELD_READINGS for field_id in reading.fields]
+# NVLink error counters cost one NVML call per link and counter (72 on an H100): read every slow_interval with the
+# other health counters; they only feed rates over minutes. Each counter is published per GPU, summed over its active
+# links (`_LinkTotal`); per link only with nvml.nvlink_per_link
 UNANSWERED = -1  # internal: every query of a GPU failed (the failures are counted one by one)
+# NVML's initialisation failed (no driver, no library): tried again after this, then twice as long each time up to
+# INIT_RETRY_MOST, instead of at every collection
+INIT_RETRY_FIRST = 10.0
+INIT_RETRY_MOST = 300.0
 
 
 class _Lost(Exception):
@@ -117,7 +133,8 @@ class _GpuState:
     lost: bool = False
     unsupported: set[str] = field(default_factory=set)
     links: list[int] = field(default_factory=list)
-    fields: list[tuple[int, int]] = field(default_factory=list)
+    fields: list[tuple[int, int]] = field(default_factory=list)  # asked for every collection
+    slow_fields: list[tuple[int, int]] = field(default_factory=list)  # `fields`, then the slow ones
     last_sample_us: int = 0
     sample_period_us: int = 0  # smallest gap between samples of the last answer: NVML's sampling period
     idle_seconds: float = 0.0
@@ -135,11 +152,10 @@ class _GpuState:
     nvlink_tx: _LinkTotal = field(default_factory=lambda: _LinkTotal(0))
     nvlink_rx: _LinkTotal = field(default_factory=lambda: _LinkTotal(0))
     nvlink_errors: tuple[_LinkTotal, ...] = ()
-    # NVLink error counters: read every LINK_ERRORS_EVERY seconds (one NVML call per link and counter),
-    # the last answers exported in between: the per-GPU totals' rows, and the per-link rows (nvlink_per_link)
-    link_errors_at: float | None = None
-    link_error_rows: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
-    link_error_link_rows: list[tuple[tuple[str, ...], Any]] = field(default_factory=list)
+    # what is read every slow_interval (the slow readings, the NVLink error counters): when it was last read, and
+    # the rows it gave, published again until the next read (a counter's last answer stays true until then)
+    slow_at: float | None = None
+    slow_rows: list[tuple[Metric, tuple[str, ...], Any]] = field(default_factory=list)
 
 
 class _SeriesLabels:
@@ -199,8 +215,17 @@ class NvmlSource(Source):
         table: NodeGpus | None = None,
         clock: Callable[[], float] = time.time,
         nvlink_per_link: bool = False,
+        slow_interval: float = SLOW_INTERVAL,
+        monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.backend = backend
+        """`slow_interval`: seconds between reads of what only a fault or a reset changes (`readings`); `monotonic`:
+        the clock NVML's initialisation is retried on."""
+        # every call goes through the counter (goodput_exporter_library_calls_total)
+        self._nvml = CountedCalls(backend, NVML_FUNCTIONS)
+        self.backend: GpuBackend = self._nvml  # type: ignore[assignment]
+        self._slow_interval = slow_interval
+        self._init_retry = Backoff(INIT_RETRY_FIRST, INIT_RETRY_MOST, clock=monotonic)
+        self._init_error: SourceError | None = None
         self._per_link = nvlink_per_link  # also each active NVLink link's counters (nvml.nvlink_per_link)
         self.table = table or NodeGpus()  # what this source learns of the node's GPUs, for the others
         self._clock = clock
@@ -213,13 +238,35 @@ class NvmlSource(Source):
 
     # --- discovery --------------------------------------------------------------------------------
 
-    def _discover(self) -> list[_GpuState]:
+    def library_calls(self) -> dict[str, int]:
+        return self._nvml.by_function()
+
+    def _init(self) -> None:
+        """nvmlInit, or the reason it failed last time while its retry is not due: on a node without a driver NVML's
+        initialisation is tried INIT_RETRY_FIRST seconds after it failed, then twice as long each time, not at every
+        collection (loading the library is the most expensive thing this source does)."""
+        retry = self._init_retry
+        if not retry.due():
+            assert self._init_error is not None
+            raise SourceError(self._init_error.reason, str(self._init_error))
         try:
             self.backend.init()
         except GpuError as exc:
+            delay = retry.failed()
+            when = f"next try in {delay:g}s; the wait doubles after each failure, up to {retry.most:g}s"
             if exc.code in (LIBRARY_NOT_FOUND, DRIVER_NOT_LOADED):
-                raise SourceError("nvml_not_found", NVML_MISSING) from None
-            raise SourceError(exc.reason, f"nvmlInit failed: {exc}") from None
+                self._init_error = SourceError("nvml_not_found", f"{NVML_MISSING} ({when})")
+            else:
+                self._init_error = SourceError(exc.reason, f"nvmlInit failed: {exc} ({when})")
+            log.debug("nvml: nvmlInit failed (%s); next try in %gs", exc, delay)
+            raise SourceError(self._init_error.reason, str(self._init_error)) from None
+        if retry.failures:
+            log.info("nvml: NVML initialised after %d failed tries", retry.failures)
+        retry.succeeded()
+        self._init_error = None
+
+    def _discover(self) -> list[_GpuState]:
+        self._init()
         self._driver = self.backend.driver_version()
         gpus = []
         for index in range(self.backend.device_count()):
@@ -241,6 +288,7 @@ class NvmlSource(Source):
             state.fields = list(_FIELDS)
             for link in state.links:
                 state.fields += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
+            state.slow_fields = state.fields + _SLOW_FIELDS
             gpus.append(state)
         log.info("nvml: %d GPU(s) found through the %s backend, driver %s",
                  len(gpus), self.backend.name, self._driver)
@@ -289,9 +337,20 @@ class NvmlSource(Source):
         self._errors.append(exc.reason)
         log.debug("nvml: GPU %d: %s failed: %s", gpu.index, key, exc)
 
-    def _fields(self, gpu: _GpuState, fields: list[tuple[int, int]]) -> list[int | None]:
+    def _fields(self, gpu: _GpuState, fields: list[tuple[int, int]]) -> list[int | GpuError | None]:
+        """The fields' values in one call: None where the GPU has no value (or the call failed: counted once)."""
         values = self._optional(gpu, "field_values", self.backend.device_field_values, fields)
         return values if values is not None else [None] * len(fields)
+
+    def _field_value(self, gpu: _GpuState, key: str, value: int | GpuError | None) -> int | None:
+        """A field's value; a field whose read failed is counted as a query that failed (`_failed`: a lost GPU
+        raises _Lost)."""
+        if type(value) is int or value is None:
+            return value
+        if isinstance(value, GpuError):
+            self._failed(gpu, key, value)
+            return None
+        return int(value)  # type: ignore[arg-type]
 
     # --- collection -------------------------------------------------------------------------------
 
@@ -364,39 +423,27 @@ class NvmlSource(Source):
             links = len(gpu.links)  # new series: their totals start over
             gpu.nvlink_tx, gpu.nvlink_rx = _LinkTotal(links), _LinkTotal(links)
             gpu.nvlink_errors = tuple(_LinkTotal(links) for _ in NVLINK_ERRORS)
-            gpu.link_errors_at = None
+            gpu.slow_at = None
         rows = self._rows  # the label tuples below are cached's (checked) or `labels` (checked by cached)
         errors_before, answers_before = len(self._errors), self._answers
+        now = self._clock()
+        slow = gpu.slow_at is None or not 0 <= now - gpu.slow_at < self._slow_interval
         self._integrate_samples(gpu)
         if gpu.sampled_seconds or "samples" not in gpu.unsupported:
             rows[c.GPU_IDLE_SECONDS].append((labels, gpu.idle_seconds))
             rows[c.GPU_SAMPLED_SECONDS].append((labels, gpu.sampled_seconds))
-        # The fixed-rule readings: `_optional` inlined (it is most of a collection's calls).
-        unsupported, handle, backend, answers = gpu.unsupported, gpu.handle, self.backend, 0
-        for reading, reading_labels in zip(READINGS, cached.readings, strict=True):
-            if reading.key in unsupported:
-                continue
-            try:
-                raw = getattr(backend, reading.call)(handle, *reading.args)
-            except GpuError as exc:
-                self._failed(gpu, reading.key, exc)
-                continue
-            answers += 1
-            if reading.pair:
-                for metric, metric_labels, value in zip(reading.metrics, reading_labels, raw, strict=True):
-                    rows[metric].append((metric_labels, value if reading.exact else reading.convert(value)))
-            else:
-                rows[reading.metrics[0]].append((reading_labels[0], raw if reading.exact else reading.convert(raw)))
-        self._answers += answers
-        values = self._fields(gpu, gpu.fields)
-        if values[0] is not None:
-            rows[c.GPU_PCIE_TX].append((labels, values[0]))
-        if values[1] is not None:
-            rows[c.GPU_PCIE_RX].append((labels, values[1]))
-        if values[2] is not None:
-            rows[c.GPU_MEMORY_TEMPERATURE].append((labels, values[2]))
+        self._read_calls(gpu, _CALLS, cached.readings, None)
+        values = self._fields(gpu, gpu.slow_fields if slow else gpu.fields)
+        value = self._field_value
+        for metric, position in ((c.GPU_PCIE_TX, 0), (c.GPU_PCIE_RX, 1), (c.GPU_MEMORY_TEMPERATURE, 2)):
+            answer = value(gpu, f"field:{_FIELDS[position][0]}", values[position])
+            if answer is not None:
+                rows[metric].append((labels, answer))
+        self._read_fields(gpu, _FIELD_READINGS, cached.readings, values, 3, None)
         if cached.link_count:  # per link: transmit then receive (KiB), summed per GPU
-            tx, rx = values[_LINK_FIELDS::2], values[_LINK_FIELDS + 1::2]
+            end = _LINK_FIELDS + 2 * cached.link_count
+            link_values = [value(gpu, "field:nvlink_data", answer) for answer in values[_LINK_FIELDS:end]]
+            tx, rx = link_values[::2], link_values[1::2]
             total = gpu.nvlink_tx.total(tx)
             if total is not None:
                 rows[c.GPU_NVLINK_TX].append((labels, total * 1024))
@@ -408,7 +455,11 @@ class NvmlSource(Source):
                                                for link, kib in zip(cached.links, tx, strict=True) if kib is not None]
                 rows[c.GPU_NVLINK_LINK_RX] += [(link, kib * 1024)
                                                for link, kib in zip(cached.links, rx, strict=True) if kib is not None]
-            self._collect_link_errors(gpu, cached, rows[c.GPU_NVLINK_ERRORS], rows[c.GPU_NVLINK_LINK_ERRORS])
+        if slow:
+            self._collect_slow(gpu, cached, values, now)
+        else:  # counters and fixed properties: their last answers stay true until the next read
+            for metric, metric_labels, answer in gpu.slow_rows:
+                rows[metric].append((metric_labels, answer))
         processes = read(gpu, "processes", self.backend.device_compute_processes)
         if processes is not None:
             rows[c.GPU_ALLOCATED].append((labels, 1 if processes else 0))
@@ -428,19 +479,73 @@ class NvmlSource(Source):
         if self._answers == answers_before and len(self._errors) > errors_before:
             raise GpuError(UNANSWERED, "the GPU answered no query")
 
-    def _collect_link_errors(self, gpu: _GpuState, cached: _SeriesLabels, rows: list[tuple[tuple[str, ...], Any]],
-                             link_rows: list[tuple[tuple[str, ...], Any]]) -> None:
+    def _collect_slow(self, gpu: _GpuState, cached: _SeriesLabels, values: list[int | GpuError | None],
+                      now: float) -> None:
+        """What is read every slow_interval: the slow readings (their calls, and their fields at the end of this
+        collection's `values`) and the NVLink error counters. Their rows are kept, to be published again until the
+        next read (a read that failed leaves its series out until then)."""
+        kept: list[tuple[Metric, tuple[str, ...], Any]] = []
+        self._read_calls(gpu, _SLOW_CALLS, cached.readings, kept)
+        self._read_fields(gpu, _SLOW_FIELD_READINGS, cached.readings, values, len(gpu.fields), kept)
+        if cached.link_count:
+            self._collect_link_errors(gpu, cached, kept)
+        gpu.slow_rows = kept
+        gpu.slow_at = now  # a read that failed waits too: a counter that always fails must not be asked every time
+
+    def _read_calls(self, gpu: _GpuState, readings: list[tuple[int, Reading]],
+                    labels: tuple[tuple[tuple[str, ...], ...], ...],
+                    kept: list[tuple[Metric, tuple[str, ...], Any]] | None) -> None:
+        """The readings answered by a call of their own, into the batch (and `kept`, when given): `_optional`
+        inlined (it is most of a collection's calls)."""
+        rows, unsupported, handle, backend, answers = self._rows, gpu.unsupported, gpu.handle, self.backend, 0
+        for index, reading in readings:
+            if reading.key in unsupported:
+                continue
+            try:
+                raw = getattr(backend, reading.call)(handle, *reading.args)
+            except GpuError as exc:
+                self._failed(gpu, reading.key, exc)
+                continue
+            answers += 1
+            reading_labels = labels[index]
+            if reading.pair:
+                for metric, metric_labels, answer in zip(reading.metrics, reading_labels, raw, strict=True):
+                    row = (metric_labels, answer if reading.exact else reading.convert(answer))
+                    rows[metric].append(row)
+                    if kept is not None:
+                        kept.append((metric, *row))
+            else:
+                row = (reading_labels[0], raw if reading.exact else reading.convert(raw))
+                rows[reading.metrics[0]].append(row)
+                if kept is not None:
+                    kept.append((reading.metrics[0], *row))
+        self._answers += answers
+
+    def _read_fields(self, gpu: _GpuState, readings: list[tuple[int, Reading]],
+                     labels: tuple[tuple[tuple[str, ...], ...], ...], values: list[int | GpuError | None],
+                     position: int, kept: list[tuple[Metric, tuple[str, ...], Any]] | None) -> None:
+        """The readings answered by fields, from `values` starting at `position` (one field per metric, in order),
+        into the batch (and `kept`). A field without a value leaves its series out."""
+        rows = self._rows
+        for index, reading in readings:
+            for metric, metric_labels in zip(reading.metrics, labels[index], strict=True):
+                answer = self._field_value(gpu, reading.key, values[position])
+                position += 1
+                if answer is None:
+                    continue
+                row = (metric_labels, answer if reading.exact else reading.convert(answer))
+                rows[metric].append(row)
+                if kept is not None:
+                    kept.append((metric, *row))
+
+    def _collect_link_errors(self, gpu: _GpuState, cached: _SeriesLabels,
+                             kept: list[tuple[Metric, tuple[str, ...], Any]]) -> None:
         """Each active link's data-link error counters (one NVML call each), summed per GPU and counter
         (`_LinkTotal`: a failed read counts with the link's last answer); each link's own with nvlink_per_link. An
         unsupported counter is remembered per link and counter; unsupported on every link, its series stay
-        absent."""
-        now = self._clock()
-        if gpu.link_errors_at is not None and 0 <= now - gpu.link_errors_at < LINK_ERRORS_EVERY:
-            rows += gpu.link_error_rows  # counters: the last answer stays true until the next read
-            link_rows += gpu.link_error_link_rows
-            return
-        gpu.link_errors_at = now
-        per_link, start = self._per_link, len(link_rows)
+        absent. Into the batch and `kept`."""
+        rows, link_rows = self._rows[c.GPU_NVLINK_ERRORS], self._rows[c.GPU_NVLINK_LINK_ERRORS]
+        per_link = self._per_link
         counts: list[list[int | None]] = [[None] * cached.link_count for _ in NVLINK_ERRORS]  # per counter, link
         unsupported, handle, call, answers = gpu.unsupported, gpu.handle, self.backend.device_nvlink_error_count, 0
         for slot, (link, counters) in enumerate(cached.link_errors):
@@ -456,15 +561,13 @@ class NvmlSource(Source):
                 per_counter[slot] = count
                 if per_link:
                     link_rows.append((counter_labels, count))
+                    kept.append((c.GPU_NVLINK_LINK_ERRORS, counter_labels, count))
         self._answers += answers
-        totals = []
         for total_labels, total, per_counter in zip(cached.errors, gpu.nvlink_errors, counts, strict=True):
             value = total.total(per_counter)
             if value is not None:  # None: no link of the GPU ever answered for the counter
-                totals.append((total_labels, value))
-        rows += totals
-        gpu.link_error_rows = totals
-        gpu.link_error_link_rows = link_rows[start:]
+                rows.append((total_labels, value))
+                kept.append((c.GPU_NVLINK_ERRORS, total_labels, value))
 
     def _integrate_samples(self, gpu: _GpuState) -> None:
         """Add every NVML utilization sample newer than the last one seen to the idle counter.

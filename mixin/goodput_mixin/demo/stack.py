@@ -189,7 +189,8 @@ class Stack:
     def _start_daemon(self) -> None:
         config = load(None, {
             "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
-            "nvml": {"interval": "1s"}, "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
+            "nvml": {"interval": "1s", "slow_interval": "1s"},  # faults page within seconds
+            "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "fabric": {"interval": "1s"},
             "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock"),
                        "state_dir": str(self.workdir / "state")},
