@@ -37,6 +37,7 @@ import fabric_collect
 import flight_parse
 import idle_accuracy
 import idle_cpu
+import instrument_overhead
 import nvml_calls
 import rules_scale
 import server_limits
@@ -52,6 +53,7 @@ SECTIONS: list[tuple[str, Callable[[], str]]] = [
     ("NVML calls per GPU per second", nvml_calls.section),
     ("Idle fraction: integrated counter vs gauge", idle_accuracy.section),
     ("Training client and ingest", client_ingest.section),
+    ("goodput-instrument overhead per optimizer step", instrument_overhead.section),
     ("Flight-recorder dumps", flight_parse.section),
     ("dcgm-exporter bodies", dcgm_parse.section),
     ("Fabric source", fabric_collect.section),
