@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from goodput_client.contract import FLIGHT_DUMP_PREFIXES
 from typing import Annotated, Any
 
+from goodput_client.contract import FLIGHT_DUMP_PREFIXES
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
 from ...core.settings import Duration, SourceConfig, parse_duration
@@ -58,9 +58,9 @@ class FlightConfig(SourceConfig):
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")
     stale_after: DurationOrNever = Field(
-        300.0, ge=0, description="Seconds (or a duration: 5m): a rank's dump file not rewritten for this long ends the rank's flight-recorder "
-        "series and state, though the file stays (a job that ended or died); the file is read again once it is "
-        "rewritten. Set it above the jobs' dump interval (goodput_client's dump_flight_recorder: 60 s by default): "
+        300.0, ge=0, description="Seconds (or a duration: 5m): a rank's dump file not rewritten for this long ends "
+        "the rank's flight-recorder series and state, though the file stays (a job that ended or died); the file is "
+        "read again once it is rewritten. Set it above the jobs' dump interval (goodput_client's dump_flight_recorder: 60 s by default): "
         "a live rank, hung or not, keeps rewriting its dump. 0: never (dumps are read however old).")
     hang_after: Duration = Field(
         300.0, gt=0, description="A collective in flight this long in a rank's dump is a hang: the workload's ranks "
