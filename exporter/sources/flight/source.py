@@ -31,8 +31,8 @@ file of its own at all.
 
 A file is read again only when it changes (inode, size or mtime). A file not rewritten for flight.stale_after
 is a rank gone: its series and state end (the file itself is left where it is) until it is written again.
-A bad version of a file is counted once in goodput_flight_recorder_rejected_total and logged once; a file that looks half-written
-(empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
+A bad version of a file is counted once in goodput_flight_recorder_rejected_total and logged once; a file that
+looks half-written (empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
 replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.
 
 Nothing below flight.dir is reached through a symbolic link (`tree`): a symbolic link there, to a
