@@ -61,7 +61,8 @@ class FlightConfig(SourceConfig):
         300.0, ge=0, description="Seconds (or a duration: 5m): a rank's dump file not rewritten for this long ends "
         "the rank's flight-recorder series and state, though the file stays (a job that ended or died); the file is "
         "read again once it is rewritten. Set it above the jobs' dump interval (goodput_client's "
-        "dump_flight_recorder: 60 s by default): a live rank, hung or not, keeps rewriting its dump. 0: never (dumps are read however old).")
+        "dump_flight_recorder: 60 s by default): a live rank, hung or not, keeps rewriting its dump. 0: never "
+        "(dumps are read however old).")
     hang_after: Duration = Field(
         300.0, gt=0, description="A collective in flight this long in a rank's dump is a hang: the workload's ranks "
         "on this node are asked for captures (ingest.capture_dir, ingest.capture_workloads), once per dump.")
