@@ -45,7 +45,8 @@ def alerts(s: RulesSettings) -> list[Alert]:
             with_pod(s, f"workload_rank:goodput_straggler_ratio:rate{short} > {s.straggler_ratio}"),
             s.straggler_for,
             "One rank of a training workload is much slower than the others.",
-            f"Rank {{{{ $labels.rank }}}} of workload {{{{ $labels.workload }}}} (node {{{{ $labels.{node} }}}}{pod}) "
+            f"Rank {{{{ $labels.rank }}}} of workload {{{{ $labels.workload }}}} "
+            f"(node {{{{ $labels.{node} }}}}{pod}) "
             "spends {{ $value | printf \"%.2f\" }}x the median rank's time per step outside collectives; every other "
             "rank waits for it.",
             per_workload=True),
