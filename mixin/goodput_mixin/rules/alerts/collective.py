@@ -54,8 +54,8 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
             f"count by ({c}, {node}, workload, pg) ({COLLECTIVE_MISSING})", s.rank_missing_for,
             "Ranks on one node never joined a collective the others wait in.",
-            f"{{{{ $value }}}} rank(s) of workload {{{{ $labels.workload }}}} on node {{{{ $labels.{node} }}}} have not "
-            "enqueued the collective that the other ranks of process group {{ $labels.pg }} wait in: rank(s) "
+            f"{{{{ $value }}}} rank(s) of workload {{{{ $labels.workload }}}} on node {{{{ $labels.{node} }}}} "
+            "have not enqueued the collective that the other ranks of process group {{ $labels.pg }} wait in: rank(s) "
             f"{_ranks_of(s, COLLECTIVE_MISSING)}({_waiting(s)} ranks wait for them).",
             per_workload=True),
         Alert(
