@@ -163,7 +163,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"goodput-exporter demo: {exc}", file=sys.stderr)
         return 1
     urls = stack.urls
-    print(f"""goodput-exporter demo: {args.nodes} node(s) of {args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
+    nodes = f"{args.nodes} nodes of " if args.nodes > 1 else ""
+    print(f"""goodput-exporter demo: {nodes}{args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
 simulated serving engine {SERVING!r} (vLLM's metrics) on the next GPUs
   metrics        {'  '.join(f"{node.url}/metrics" for node in stack.nodes)}
   serving        {urls['serving']}/metrics
