@@ -163,8 +163,8 @@ def main(argv: Sequence[str]) -> int:
         print(f"goodput-exporter demo: {exc}", file=sys.stderr)
         return 1
     urls = stack.urls
-    nodes = f"{args.nodes} nodes of " if args.nodes > 1 else ""
-    print(f"""goodput-exporter demo: {nodes}{args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
+    gpus = f"{args.nodes} nodes of {args.gpus}" if args.nodes > 1 else f"{args.gpus}"
+    print(f"""goodput-exporter demo: {gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
 simulated serving engine {SERVING!r} (vLLM's metrics) on the next GPUs
   metrics        {'  '.join(f"{node.url}/metrics" for node in stack.nodes)}
   serving        {urls['serving']}/metrics
