@@ -292,8 +292,8 @@ class Walk:
         return out
 
     def _culprits(self, regex: str) -> dict[tuple[str | None, str], list[Culprit]]:
-        """The ranks the others wait for, by workload: missing from a collective (the rules' record), or much slower
-        than the median rank by their own time per step (GoodputStraggler's condition)."""
+        """The ranks the others wait for, by workload: missing from a collective (the rules' record), or the slowest
+        rank by its own time per step where it is much slower than the median rank (GoodputStraggler's condition)."""
         n = self.s.node_label
         pods = {(self._key(p.labels), p.labels.get("rank", ""), p.labels.get(n, "")):
                 f"{p.labels.get('namespace', '')}/{p.labels.get('pod', '')}"
@@ -308,7 +308,8 @@ class Walk:
                              key=lambda s: (s.labels.get("pg", ""), _rank_order(s.labels.get("rank", "")))):
             add(sample.labels, f"missing from a collective of process group {sample.labels.get('pg', '?')}")
         straggler = f"workload_rank:goodput_straggler_ratio:rate{self.s.windows[0]}"
-        for sample in sorted(self.ask(f"{straggler}{{workload=~{regex}}} > {self.s.straggler_ratio:g}"),
+        slowest = f"topk by ({self.s.cluster_label}, workload) (1, {straggler}{{workload=~{regex}}})"
+        for sample in sorted(self.ask(f"{slowest} > {self.s.straggler_ratio:g}"),
                              key=lambda s: _rank_order(s.labels.get("rank", ""))):
             add(sample.labels, f"straggler: its own time per step is {sample.value:.2f}x the median rank's")
         return found
