@@ -40,7 +40,7 @@ def _inject(stack: Stack, fault: str) -> str:
         return f"every rank of {WORKLOAD} waits 10x longer for data (GoodputDrop)"
     if fault == "skip":
         job.set_skipping(1)
-        return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+        return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing for its node)"
     if fault == "crash":
         at = job.crash()
         return (f"every rank of {WORKLOAD} crashes after step {at}, is down {DOWN_SECONDS:g}s, restarts from its "
