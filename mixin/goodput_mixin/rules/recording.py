@@ -476,10 +476,11 @@ def _collective_missing(s: RulesSettings) -> list[Rule]:
                  f"    < on ({c}, workload, pg) group_left ()\n    {AWAITED}\n  ) * 0\n"
                  f"  + on ({rank}) group_left ()\n  goodput_flight_recorder_dump_timestamp_seconds\n)\n"
                  f"- on ({c}, workload, pg) group_left ()\n{WAIT_STARTED}"},
-        # the culprits: missing across nodes, or by the daemon's own check of the ranks on its node (the fast path)
+        # the culprits: missing across nodes, or by the daemon's own check of the ranks on its node (the fast path);
+        # with their namespace and pod where known
         {"record": COLLECTIVE_MISSING,
-         "expr": f"group by ({c}, {n}, workload, pg, rank) (\n  {MISSING_SECONDS} >= {s.rank_missing_seconds:g}\n"
-                 "  or\n  goodput_collective_missing_rank == 1\n)"},
+         "expr": with_pod(s, f"group by ({c}, {n}, workload, pg, rank) (\n  {MISSING_SECONDS} >= "
+                             f"{s.rank_missing_seconds:g}\n  or\n  goodput_collective_missing_rank == 1\n)")},
     ]
 
 

@@ -6,8 +6,9 @@ every workload figure at once). Each names a workload, so each carries its verdi
 Jobs span nodes: every alert names the node of the rank at fault (the node label; and the rank's namespace and pod
 where the kubelet source knows them), never that of the ranks that wait for it, so that Alertmanager routes the page
 to the owner of that node. A collective that hangs pages once per workload and process group: for the ranks missing
-from it, one alert per node they are on (their ranks listed in its description, the waiting ranks counted); where no
-rank is missing (every rank joined it and none completes: the fabric, the library), one alert with no node.
+from it, one alert per node (and pod) they are on (their ranks listed in its description, the waiting ranks
+counted); where no rank is missing (every rank joined it and none completes: the fabric, the library), one alert
+with no node.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             per_workload=True),
         Alert(
             "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
-            f"count by ({c}, {node}, workload, pg) ({COLLECTIVE_MISSING})", s.rank_missing_for,
+            f"count by ({c}, {node}, namespace, pod, workload, pg) ({COLLECTIVE_MISSING})", s.rank_missing_for,
             "Ranks on one node never joined a collective the others wait in.",
             f"{{{{ $value }}}} rank(s) of workload {{{{ $labels.workload }}}} on node {{{{ $labels.{node} }}}} "
             "have not enqueued the collective that the other ranks of process group {{ $labels.pg }} wait in: rank(s) "
