@@ -497,7 +497,9 @@ class Telemetry:
         recorded as "checkpoint_save", another name as "other" (each logged once), never raised.
 
         The phase event carries the elapsed time at the block's end. While a phase block is open, a step
-        that ends carries none: the enclosing phase will account for those seconds when it ends."""
+        that ends carries none: the enclosing phase will account for those seconds when it ends. A block open
+        longer than `open_phase_interval` (5 s) reports its time so far, and again each interval, so a block
+        that never returns (a hung collective) still accrues its time; the parts add up to the block."""
         if name not in _KNOWN_PHASES:
             name = self._phase_name(name)
         return _Phase(self, name)
