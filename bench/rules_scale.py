@@ -314,8 +314,9 @@ def _recorded_labels(name: str) -> list[str]:
                 for p in PHASE_SHARES]
     if level == "workload" and not metric.startswith("goodput_inference"):
         return [f'{CLUSTER},workload="job{w}"' for w in range(WORKLOADS)]
-    if level == "workload_rank":
-        return [f'{CLUSTER},workload="job{w}",rank="{r}"' for w in range(WORKLOADS) for r in range(RANKS)]
+    if level == "workload_rank":  # with the node each rank runs on (the records keep it, for the alerts)
+        return [f'{CLUSTER},instance="node{(w * RANKS + r) // GPUS_PER_NODE % NODES}:9445",workload="job{w}",rank="{r}"'
+                for w in range(WORKLOADS) for r in range(RANKS)]
     raise ValueError(f"{name}: the bench does not know this level's labels; teach _recorded_labels")
 
 
@@ -630,6 +631,8 @@ def _checks() -> list[tuple[str, int]]:
     return [("count(gpu:goodput_gpu_idle_ratio:rate1h)", NODES * GPUS_PER_NODE),
             ("count(node:goodput_gpu_idle_ratio:rate5m)", NODES),
             ("count(workload_rank:goodput_straggler_ratio:rate5m)", WORKLOADS * RANKS),
+            # every rank's dump compared with its process group's wait, across nodes
+            ("count(workload_pg_rank:goodput_collective_missing:seconds)", WORKLOADS * RANKS),
             ("count(gpu:goodput_gpu_activity_class:avg5m)", NODES * GPUS_PER_NODE),
             ("count(workload:goodput_gpu_idle_ratio:rate5m)", WORKLOADS),
             ("count(namespace:goodput_ratio:rate5m)", NAMESPACES),

@@ -142,7 +142,9 @@ def socket_path() -> str:
 def quick_config(**overrides: object) -> Config:
     base = {"nvml": {"interval": "100ms", "timeout": "1s"}, "host": {"interval": "100ms", "timeout": "1s"},
             "ingest": {"interval": "100ms", "socket_path": socket_path()},
-            "flight": {"interval": "100ms", "dir": os.path.join(tempfile.mkdtemp(prefix="gp-fr-"), "flight")},
+            # stale_after: the stored dumps of tests/flight keep the times they were written at, long past
+            "flight": {"interval": "100ms", "dir": os.path.join(tempfile.mkdtemp(prefix="gp-fr-"), "flight"),
+                       "stale_after": "0s"},
             # never the node's real kubelet, even where a test turns the source on without naming a socket
             "kubelet": {"socket_path": os.path.join(tempfile.mkdtemp(prefix="gp-kl-"), "kubelet.sock")}}
     for key, value in overrides.items():

@@ -32,7 +32,12 @@ def copy_scenario(scenario: str, root: Path, workload: str | None = None) -> Pat
     return target
 
 
+# the stored dumps keep the times they were written at, long past: read them however old (flight.stale_after 0)
+AGELESS = "0s"
+
+
 def source_for(directory: Path, **settings: Any) -> FlightSource:
+    settings.setdefault("stale_after", AGELESS)
     return FlightSource(load(None, {"flight": {"dir": str(directory), **settings}}, environ={}).flight)
 
 

@@ -505,8 +505,10 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
         f.counter(node0, "goodput_step_duration_seconds_count", w, _pretrain_steps, base=10800, integer=True)
         f.events(node0, "goodput_step_time_shifts_total", {**w, "direction": "up"}, [STRAGGLER + 65] if r == 3 else [])
         f.counter(node0, "goodput_step_time_shifts_total", {**w, "direction": "down"}, lambda s: 0.0, integer=True)
-        # flight recorder: three collectives per step; rank 5 stops enqueueing at HANG, the others wait in it
-        for state, base in (("enqueued", 32400), ("completed", 32399)):
+        # flight recorder: three collectives per step; each rank's dump shows it waiting in the next one, but rank 5's,
+        # which shows it has not enqueued it yet (a lag of a few ms while it steps); rank 5 stops enqueueing at HANG,
+        # the others wait in it
+        for state, base in (("enqueued", 32399 if r == 5 else 32400), ("completed", 32399)):
             f.counter(node0, "goodput_collective_last_seq", {**w, "pg": "0", "state": state},
                       lambda s: 3 * _pretrain_steps(s), base=base, integer=True)
         f.gauge(node0, "goodput_collective_oldest_inflight_seconds", {**w, "pg": "0"},

@@ -184,19 +184,6 @@ def test_a_crash_pages_for_the_progress_it_redid(stack: tuple[Stack, Webhook]) -
     print(f"GoodputWastedProgress fired {fired:.1f}s after the crash was injected (step {at})")
 
 
-def test_a_skipped_collective_pages_and_resolves(stack: tuple[Stack, Webhook]) -> None:
-    live, webhook = stack
-    assert live.job is not None
-    live.job.set_skipping(1)  # rank 1 never enqueues the next all_reduce; 0, 2 and 3 wait in it
-    missing = webhook.wait("firing", "GoodputCollectiveRankMissing", workload=WORKLOAD, rank="1", pg="0")
-    assert missing["op"] == "all_reduce" and int(missing["seq"]) > 0
-    hang = webhook.wait("firing", "GoodputCollectiveHang", workload=WORKLOAD, pg="0")
-    assert hang["rank"] in ("0", "2", "3")
-    live.job.set_skipping(None)
-    webhook.wait("resolved", "GoodputCollectiveRankMissing", workload=WORKLOAD, rank="1")
-    webhook.wait("resolved", "GoodputCollectiveHang", workload=WORKLOAD, rank=hang["rank"])
-
-
 def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook]) -> None:
     """GPU faults on one stack, at once: an XID (GPU 1), a row remap waiting for a reset (GPU 2), a PCIe link trained
     at x8 gen 3 (GPU 3), NVLink errors on link 0 (GPU 0); each pages, and resolves once cleared."""

@@ -166,6 +166,37 @@ def test_a_step_that_ends_inside_a_phase_block_carries_no_elapsed_time(clock: Ma
         ("other", 0.0, 3.5)]
 
 
+def test_a_phase_block_that_does_not_return_reports_its_time_as_it_passes(clock: ManualClock,
+                                                                          sent: tuple[str, Events]) -> None:
+    """A block open over open_phase_interval (a collective that hangs) reports its time so far as a phase that ends
+    then, and goes on from there: the daemon accrues a hung rank's time while it hangs. The parts add up to the
+    block's length, each with the elapsed time at its end; a block shorter than the interval is one event."""
+    url, events = sent
+    telemetry = telemetry_to(url)
+    telemetry.open_phase_interval = 1.0
+
+    def arrived(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(of(events, "phase")) < count:
+            assert time.monotonic() < deadline, events
+            time.sleep(0.01)
+
+    with telemetry.phase("compute"):
+        clock.advance(0.5)  # under the interval: reported once, at its end
+    with telemetry.phase("comm_wait"):
+        clock.advance(2.5)
+        arrived(2)  # the sender reported the 2.5 s so far
+        clock.advance(0.5)
+        time.sleep(0.1)  # several sender passes: 0.5 s more is under the interval
+        assert len(of(events, "phase")) == 2
+        clock.advance(1.0)
+        arrived(3)
+        clock.advance(0.25)
+    phases = of(closed(telemetry, events), "phase")
+    assert [(p["phase"], p["seconds"], p["elapsed_seconds"]) for p in phases] == [
+        ("compute", 0.5, 0.5), ("comm_wait", 2.5, 3.0), ("comm_wait", 1.5, 4.5), ("comm_wait", 0.25, 4.75)]
+
+
 # --- step numbers -----------------------------------------------------------------------------------------
 
 

@@ -240,10 +240,12 @@ def test_a_custom_list_of_prefixes(tmp_path: Path) -> None:
     renamed("healthy2", tmp_path, "c", "comm_lib_trace_rank_")  # not in the list now
     # a list in YAML or from Python; comma-separated in the variable and the flag
     via_flags = source_for(tmp_path, prefixes=["trace_", "fr-rank-"])
-    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIXES": "trace_, fr-rank-"}
+    # the stored dumps were written long ago: read however old (flight.stale_after 0)
+    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIXES": "trace_, fr-rank-",
+               "GOODPUT_FLIGHT_STALE_AFTER": "0"}
     via_env = FlightSource(load(None, None, environ=environ).flight)
-    via_cli = FlightSource(parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefixes", "trace_,fr-rank-"],
-                                            {}).flight)
+    via_cli = FlightSource(parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefixes", "trace_,fr-rank-",
+                                             "--flight.stale-after", "0s"], {}).flight)
     for source in (via_flags, via_env, via_cli):
         text = render(source)
         assert read_ranks(text, "a") == read_ranks(text, "b") == {"0", "1"}
@@ -255,10 +257,12 @@ def test_a_custom_list_of_prefixes(tmp_path: Path) -> None:
 def test_the_deprecated_prefix_is_a_one_element_list(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     renamed("healthy2", tmp_path, "job", "old_rank_")
     renamed("healthy2", tmp_path, "other", "comm_lib_trace_rank_")
-    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIX": "old_rank_"}
-    for config in (load(None, {"flight": {"dir": str(tmp_path), "prefix": "old_rank_"}}, environ={}),
+    environ = {"GOODPUT_FLIGHT_DIR": str(tmp_path), "GOODPUT_FLIGHT_PREFIX": "old_rank_",
+               "GOODPUT_FLIGHT_STALE_AFTER": "0"}  # the stored dumps were written long ago
+    for config in (load(None, {"flight": {"dir": str(tmp_path), "prefix": "old_rank_", "stale_after": 0}}, environ={}),
                    load(None, None, environ=environ),
-                   parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefix", "old_rank_"], {})):
+                   parse_serve_args(["--flight.dir", str(tmp_path), "--flight.prefix", "old_rank_",
+                                     "--flight.stale-after", "0"], {})):
         assert config.flight.prefixes == ["old_rank_"]
         caplog.clear()
         caplog.set_level(logging.WARNING, logger="exporter.sources.flight.source")
@@ -286,4 +290,46 @@ def test_the_longest_prefix_that_fits_wins(tmp_path: Path) -> None:
         # longer dump1 leaves no rank, so it is dump + rank 1
         assert read_ranks(text, "job") == {"2", "5", "1"}
         assert value(text, "goodput_flight_recorder_rejected_total", reason="bad_name") == 0
+        source.close()
+
+
+def test_gloo_names_the_members_of_its_only_group_under_an_empty_key() -> None:
+    """Gloo keeps one pg_config entry, keyed '', with the ranks of the last group it registered: the default group's
+    members in a job that has no other group; in one with a subgroup, which group they belong to cannot be told."""
+    hang = parse(load_bytes((DUMPS / "hang4" / "nccl_trace_rank_2").read_bytes())[1])
+    assert hang.groups["0"].ranks == {0, 1, 2, 3}
+    healthy = parse(load_bytes((DUMPS / "healthy4" / "nccl_trace_rank_0").read_bytes())[1])
+    assert set(healthy.groups) == {"0", "1"} and [g.ranks for g in healthy.groups.values()] == [None, None]
+
+
+def test_a_workload_whose_dumps_stay_after_it_ended_loses_its_flight_series_within_the_window(tmp_path: Path) -> None:
+    """The dumps of a job that ended stay in flight.dir; once none of them was rewritten within flight.stale_after, the
+    job's flight series (the missing rank included) end, though the files are still there; a file written again is
+    read again."""
+    from conftest import ManualClock
+
+    folder = copy_scenario("hang4", tmp_path)
+    last_written = max(WRITTEN[f"hang4/{f.name}"] for f in folder.iterdir())
+    clock = ManualClock(last_written + 1)
+    config = load(None, {"flight": {"dir": str(tmp_path), "stale_after": "30s", "rank_missing_after": "1s"}},
+                  environ={}).flight
+    source = FlightSource(config, clock=clock)
+    try:
+        text = render(source)
+        assert len(series(text, "goodput_flight_recorder_dump_timestamp_seconds")) == 4
+        assert [s["rank"] for s in series(text, "goodput_collective_missing_rank")] == ["1"]
+        clock.advance(25)  # within the window: still there
+        assert len(series(render(source), "goodput_collective_last_seq")) == 8
+        clock.advance(10)  # every dump is now older than 30 s
+        text = render(source)
+        flight_series = [name for name in ("goodput_flight_recorder_dump_timestamp_seconds",
+                                           "goodput_collective_last_seq", "goodput_collective_missing_rank",
+                                           "goodput_collective_operations_total", "goodput_collective_inflight")
+                         if series(text, name)]
+        assert flight_series == [] and value(text, "goodput_flight_recorder_files") == 0
+        assert len(list(folder.iterdir())) == 4  # the files stay where they are
+        os.utime(folder / "nccl_trace_rank_3", (clock.now, clock.now))  # rank 3 writes again
+        text = render(source)
+        assert [s["rank"] for s in series(text, "goodput_flight_recorder_dump_timestamp_seconds")] == ["3"]
+    finally:
         source.close()

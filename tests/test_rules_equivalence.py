@@ -186,7 +186,11 @@ KNOWN_ALERTS: dict[str, Known] = {
 }
 
 # rules the data does not exercise: rule id -> why
-NOT_EXERCISED: dict[str, str] = {}
+NOT_EXERCISED: dict[str, str] = {
+    "GoodputCollectiveHang{severity=critical}": "the hour's hang has a rank missing from it (rank 5), which pages as "
+    "GoodputCollectiveRankMissing instead; a hang every rank joined is tested by promtool "
+    "(rules/tests/alerts.test.yml)",
+}
 
 
 @pytest.fixture(scope="module")

@@ -46,7 +46,7 @@ def read_surface(tmp_path: Path, spawn) -> set[str]:  # type: ignore[no-untyped-
         "host: {interval: 200ms}\n"
         "process: {interval: 200ms}\n"
         f"ingest: {{interval: 200ms, socket_path: {events}}}\n"
-        f"flight: {{interval: 200ms, dir: {flight}}}\n")
+        f"flight: {{interval: 200ms, dir: {flight}, stale_after: 0}}\n")  # the stored dumps are long past
     port = free_port()
     spawn("serve", "--config", str(config), "--web.listen-address", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"

@@ -78,6 +78,9 @@ _KNOWN_REASONS = frozenset(FINISH_REASONS)
 _ITL_SLOTS = len(ITL_BUCKETS) + 1
 _MODELS_REMEMBERED = 4096  # model names whose validity a Telemetry caches
 _INF = float("inf")
+# a phase block open this long reports its time so far (and again each time as long after), so that a block that
+# never returns accrues its time: a hung rank's goodput falls while it hangs
+OPEN_PHASE_SECONDS = 5.0
 _OFF = frozenset({"0", "false", "no", "off"})  # GOODPUT_CAPTURES values that turn captures off
 UNANSWERED = "no answer"  # how _send's problem starts when a batch went out whole and no answer came
 
@@ -108,27 +111,21 @@ def _identity(workload: str | None, rank: int | None) -> tuple[str, int]:
 
 
 class _Phase:
-    __slots__ = ("_name", "_started", "_telemetry")
+    __slots__ = ("_name", "_open", "_telemetry")
 
     def __init__(self, telemetry: Telemetry, name: str) -> None:
         self._telemetry = telemetry
         self._name = name
-        self._started = 0.0
+        self._open: list | None = None  # type: ignore[type-arg]
 
     def __enter__(self) -> _Phase:
-        self._telemetry._open.append(None)  # list.append and pop: atomic, where `+= 1` is not
-        self._started = _perf()
+        self._open = self._telemetry._enter_phase(self._name)
         return self
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        now = _perf()  # the phase's end: its length and its elapsed time from the same reading
-        telemetry = self._telemetry
-        try:  # noqa: SIM105 - the hot path: contextlib.suppress would cost a call and an object
-            telemetry._open.pop()
-        except IndexError:  # left without being entered: nothing to close, nothing to raise
-            pass
-        telemetry._put(("phase", self._name, now - self._started, now - telemetry._t0))
+        if self._open is not None:  # else left without being entered: nothing to close, nothing to raise
+            self._telemetry._leave_phase(self._open)
 
 
 class _Step:
@@ -417,7 +414,12 @@ class Telemetry:
         # carry only the numbers given with step=
         self._last_step: int | None = None if launcher_restarted and resumed is None else resumed or 0
         self._steps_lock = threading.Lock()
-        self._open: list[None] = []  # one item per phase block (or data_wait wait) open now
+        # one [name, start] per phase block (or data_wait wait) open now; the sender reports the time so far of one
+        # open over `open_phase_interval`, and moves its start on (under _phase_lock), so a block that never returns
+        # (a collective that hangs) still accrues its time
+        self._open: list[list] = []  # type: ignore[type-arg]
+        self._phase_lock = threading.Lock()
+        self.open_phase_interval = OPEN_PHASE_SECONDS
         self.ttft_objective_seconds = float(ttft_objective_seconds)
         self.tpot_objective_seconds = float(tpot_objective_seconds)
         self._models: dict[str, bool] = {}  # model name -> whether it matches MODEL_PATTERN
@@ -501,7 +503,9 @@ class Telemetry:
         recorded as "checkpoint_save", another name as "other" (each logged once), never raised.
 
         The phase event carries the elapsed time at the block's end. While a phase block is open, a step
-        that ends carries none: the enclosing phase will account for those seconds when it ends."""
+        that ends carries none: the enclosing phase will account for those seconds when it ends. A block open
+        longer than `open_phase_interval` (5 s) reports its time so far, and again each interval, so a block
+        that never returns (a hung collective) still accrues its time; the parts add up to the block."""
         if name not in _KNOWN_PHASES:
             name = self._phase_name(name)
         return _Phase(self, name)
@@ -690,19 +694,47 @@ class Telemetry:
         """Yield from `iterable` (e.g. a PyTorch DataLoader), timing each wait as data_wait. Each wait is
         an open phase block, as in `phase()`: a step that ends during one carries no elapsed time."""
         iterator = iter(iterable)
-        open_now = self._open
         while True:
-            started = _perf()
-            open_now.append(None)
+            block = self._enter_phase("data_wait")
             try:
                 item = next(iterator)
-            except StopIteration:
+            except StopIteration:  # the end of the iterable: its last wait is not reported
+                self._leave_phase(block, report=False)
                 return
-            finally:
-                open_now.pop()
-            now = _perf()
-            self._put(("phase", "data_wait", now - started, now - self._t0))
+            except BaseException:
+                self._leave_phase(block, report=False)
+                raise
+            self._leave_phase(block)
             yield item
+
+    def _enter_phase(self, name: str) -> list:  # type: ignore[type-arg]
+        block = [name, _perf()]
+        self._open.append(block)  # list.append and remove: atomic
+        return block
+
+    def _leave_phase(self, block: list, report: bool = True) -> None:  # type: ignore[type-arg]
+        """The phase's end: its length (since its start, or since the part of it already reported) and its
+        elapsed time from the same reading."""
+        with self._phase_lock:
+            now = _perf()
+            try:
+                self._open.remove(block)
+            except ValueError:  # left twice: reported already
+                return
+            if report:
+                self._put(("phase", block[0], now - block[1], now - self._t0))
+
+    def _report_open_phases(self) -> None:
+        """On the sender thread: each phase open over `open_phase_interval` reports its time so far as a phase that
+        ends now, and goes on from now, so a rank stuck in a block (a hung collective) still accrues its time."""
+        if not self._open:
+            return
+        with self._phase_lock:
+            now = _perf()
+            for block in self._open:
+                if now - block[1] >= self.open_phase_interval:
+                    self._put(("phase", block[0], now - block[1], now - self._t0))
+                    block[1] = now
 
     def dump_flight_recorder(self, directory: str, interval: float = 60.0) -> None:
         """Every `interval` seconds (and once more on close), write this rank's PyTorch flight-recorder
@@ -852,6 +884,7 @@ class Telemetry:
             self._wake.clear()
             self._idle.clear()
             try:
+                self._report_open_phases()
                 self._send_pending()
                 if self._polling and time.monotonic() - self._last_post >= self.poll_interval:
                     self._poll()

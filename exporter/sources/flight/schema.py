@@ -64,7 +64,7 @@ class Entry:
 class Group:
     name: str
     desc: str = ""
-    ranks: frozenset[int] | None = None  # from pg_config; gloo does not record membership
+    ranks: frozenset[int] | None = None  # from pg_config (gloo: its '' entry, see _read_config)
     enqueued: int | None = None  # from pg_status, else from the entries
     started: int | None = None  # None where the dump does not say
     completed: int | None = None
@@ -288,11 +288,18 @@ def parse(data: Any) -> Dump:
 
 
 def _read_config(config: Any, groups: dict[str, Group]) -> None:
+    """Each group's member ranks. Gloo keys a single entry '' holding the ranks of the last group it registered
+    ('[]' for some): they are the membership of the one group the dump knows, when it knows exactly one (a job with
+    only the default group), and are left unread otherwise (which group they belong to cannot be told)."""
     if type(config) is not dict or len(config) > MAX_GROUPS:
         raise _bad("dump.pg_config", f"a mapping of at most {MAX_GROUPS} groups", config)
     text = 0
     for name, info in config.items():
-        if name == "":  # gloo records no membership: a single placeholder keyed ''
+        if name == "":
+            ranks = info.get("ranks") if type(info) is dict else None
+            if len(config) == 1 and len(groups) == 1 and type(ranks) is str and _RANKS.fullmatch(ranks):
+                (only,) = groups.values()
+                only.ranks = _ranks(ranks, "pg_config[''].ranks")
             continue
         _name(name, "a pg_config key")
         where = f"pg_config[{name[:40]!r}]"

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from goodput_client.contract import FLIGHT_DUMP_PREFIXES
-from pydantic import Field, field_validator, model_validator
+from typing import Annotated, Any
 
-from ...core.settings import Duration, SourceConfig
+from goodput_client.contract import FLIGHT_DUMP_PREFIXES
+from pydantic import BeforeValidator, Field, field_validator, model_validator
+
+from ...core.settings import Duration, SourceConfig, parse_duration
 
 
 def check_prefix(value: str) -> str:
@@ -14,6 +16,16 @@ def check_prefix(value: str) -> str:
         raise ValueError(f"{value!r} is not a plain file-name prefix (not empty, no '/', not starting with '.'), "
                          "e.g. comm_lib_trace_rank_")
     return value
+
+
+def _duration_or_never(value: Any) -> float:
+    """A duration, or 0 (also "0s"): never."""
+    if type(value) in (int, float, str) and str(value).strip() in ("0", "0.0", "0s"):
+        return 0.0
+    return parse_duration(value)
+
+
+DurationOrNever = Annotated[float, BeforeValidator(_duration_or_never)]
 
 
 class FlightConfig(SourceConfig):
@@ -45,6 +57,12 @@ class FlightConfig(SourceConfig):
     rank_missing_after: Duration = Field(
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")
+    stale_after: DurationOrNever = Field(
+        300.0, ge=0, description="Seconds (or a duration: 5m): a rank's dump file not rewritten for this long ends "
+        "the rank's flight-recorder series and state, though the file stays (a job that ended or died); the file is "
+        "read again once it is rewritten. Set it above the jobs' dump interval (goodput_client's "
+        "dump_flight_recorder: 60 s by default): a live rank, hung or not, keeps rewriting its dump. 0: never "
+        "(dumps are read however old).")
     hang_after: Duration = Field(
         300.0, gt=0, description="A collective in flight this long in a rank's dump is a hang: the workload's ranks "
         "on this node are asked for captures (ingest.capture_dir, ingest.capture_workloads), once per dump.")

@@ -29,9 +29,10 @@ the bytes, and the caller names the file. Do not set TORCH_FR_DUMP_DYNAMIC_FILE_
 writes to the variable's value itself, without the rank. A CPU-only PyTorch (gloo) writes no dump
 file of its own at all.
 
-A file is read again only when it changes (inode, size or mtime). A bad version of a file is counted
-once in goodput_flight_recorder_rejected_total and logged once; a file that looks half-written
-(empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
+A file is read again only when it changes (inode, size or mtime). A file not rewritten for flight.stale_after
+is a rank gone: its series and state end (the file itself is left where it is) until it is written again.
+A bad version of a file is counted once in goodput_flight_recorder_rejected_total and logged once; a file that
+looks half-written (empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
 replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.
 
 Nothing below flight.dir is reached through a symbolic link (`tree`): a symbolic link there, to a
@@ -230,6 +231,7 @@ class FlightSource(Source):
         self.max_series = config.max_series
         self.grace = config.rank_missing_after
         self.hang_after = config.hang_after
+        self.stale_after = config.stale_after
         # asks the workload's ranks for captures on a hang or a missing rank (Node.captures); None: off
         self.on_trouble: Callable[[str, list[str], str, str], object] | None = None
         self._troubles: set[tuple[object, ...]] = set()  # what was already acted on: once per dump or gap
@@ -426,6 +428,9 @@ class FlightSource(Source):
         if root is not None:
             with root:
                 chosen = self._select(self._scan(root, report, seen), report)
+                # a dump not rewritten within stale_after is a rank gone (its file may stay): not read, no series
+                if self.stale_after:
+                    chosen = [item for item in chosen if now - item.st.st_mtime <= self.stale_after]
                 for item in chosen:
                     self._update(root, item, now, report)
         kept = {(item.workload, item.rank) for item in chosen}

@@ -40,7 +40,7 @@ def _inject(stack: Stack, fault: str) -> str:
         return f"every rank of {WORKLOAD} waits 10x longer for data (GoodputDrop)"
     if fault == "skip":
         job.set_skipping(1)
-        return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing, then ...Hang)"
+        return f"rank 1 of {WORKLOAD} skips the next all_reduce (GoodputCollectiveRankMissing for its node)"
     if fault == "crash":
         at = job.crash()
         return (f"every rank of {WORKLOAD} crashes after step {at}, is down {DOWN_SECONDS:g}s, restarts from its "
@@ -132,7 +132,11 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--prometheus-port", type=int, default=9090)
     parser.add_argument("--alertmanager-port", type=int, default=9093)
     parser.add_argument("--gpus", type=int, default=8, help="simulated GPUs")
-    parser.add_argument("--ranks", type=int, default=4, help="ranks of the simulated job (at most --gpus)")
+    parser.add_argument("--ranks", type=int, default=4, help="ranks of the simulated job (at most --gpus per node)")
+    parser.add_argument("--nodes", type=int, default=1,
+                        help="nodes, each a daemon of its own (the next free ports after the first) with --gpus "
+                             "simulated GPUs, scraped by the one Prometheus; the job's ranks are spread over them in "
+                             "order (default 1)")
     parser.add_argument("--faults", default="",
                         help=f"comma-separated, injected after --fault-after: {', '.join(FAULTS)}")
     parser.add_argument("--fault-after", type=float, default=30.0, help="seconds before the first fault (default 30)")
@@ -143,25 +147,26 @@ def main(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     faults = [f for f in args.faults.split(",") if f]
     unknown = sorted(set(faults) - set(FAULTS))
-    if unknown or not 1 <= args.ranks <= args.gpus:
+    if unknown or not 1 <= args.ranks <= args.gpus * args.nodes or not 1 <= args.nodes <= args.ranks:
         parser.error(f"unknown faults {unknown} (known: {', '.join(FAULTS)})" if unknown
-                     else "need 1 <= ranks <= gpus")
+                     else "need 1 <= nodes <= ranks <= gpus x nodes")
     host, port = parse_listen_address(args.exporter_address)
     if host not in ("127.0.0.1", "localhost"):
         parser.error("the demo stays on 127.0.0.1")
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     ports = Ports(port, args.prometheus_port, args.alertmanager_port)  # the serving engine: any free port
-    stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks)
+    stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks, nodes=args.nodes)
     try:
         stack.start()
     except StackError as exc:
         print(f"goodput-exporter demo: {exc}", file=sys.stderr)
         return 1
     urls = stack.urls
-    print(f"""goodput-exporter demo: {args.gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
+    gpus = f"{args.nodes} nodes of {args.gpus}" if args.nodes > 1 else f"{args.gpus}"
+    print(f"""goodput-exporter demo: {gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
 simulated serving engine {SERVING!r} (vLLM's metrics) on the next GPUs
-  metrics        {urls['exporter']}/metrics
+  metrics        {'  '.join(f"{node.url}/metrics" for node in stack.nodes)}
   serving        {urls['serving']}/metrics
   prometheus     {urls['prometheus']}/alerts   (rules: {workdir}/rules, fast demo settings)
   alertmanager   {urls['alertmanager']}/#/alerts

@@ -18,6 +18,7 @@ import os
 import pickle
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,12 +71,16 @@ class _RankState:
 
 
 class SimulatedJob:
-    def __init__(self, workload: str, ranks: int, socket_path: str, flight_dir: str | Path,
-                 step_seconds: float = 0.1, dump_interval: float = 1.0) -> None:
+    """`socket_path` and `flight_dir`: one for every rank, or a list of each rank's (ranks on several nodes)."""
+
+    def __init__(self, workload: str, ranks: int, socket_path: str | Sequence[str],
+                 flight_dir: str | Path | Sequence[str | Path], step_seconds: float = 0.1,
+                 dump_interval: float = 1.0) -> None:
         self.workload = workload
         self.ranks = ranks
-        self.socket_path = socket_path
-        self.flight_dir = Path(flight_dir) / workload
+        self.sockets = [socket_path] * ranks if isinstance(socket_path, str) else list(socket_path)
+        dirs = [flight_dir] * ranks if isinstance(flight_dir, str | Path) else list(flight_dir)
+        self.flight_dirs = [Path(d) / workload for d in dirs]
         self.step_seconds = step_seconds
         self.dump_interval = dump_interval
         self.faults = Faults()
@@ -123,7 +128,8 @@ class SimulatedJob:
     # --- running -----------------------------------------------------------------------------------
 
     def start(self) -> SimulatedJob:
-        self.flight_dir.mkdir(parents=True, exist_ok=True)
+        for folder in set(self.flight_dirs):
+            folder.mkdir(parents=True, exist_ok=True)
         for rank in range(self.ranks):
             for target, name in ((self._train, "train"), (self._dump_loop, "dump")):
                 thread = threading.Thread(target=target, args=(rank,), name=f"simjob-{name}-{rank}", daemon=True)
@@ -152,7 +158,7 @@ class SimulatedJob:
 
     def _process(self, rank: int, resumed: int | None) -> bool:
         """One process of the rank, from its start to its crash (True) or the job's stop (False)."""
-        telemetry = Telemetry(self.workload, rank, socket_path=self.socket_path, flush_interval=0.2,
+        telemetry = Telemetry(self.workload, rank, socket_path=self.sockets[rank], flush_interval=0.2,
                               resumed_from_step=resumed, flops_per_step=self.flops_per_step, dtype="bf16")
         state = self._states[rank]
         try:
@@ -241,7 +247,7 @@ class SimulatedJob:
         }
 
     def _dump_loop(self, rank: int) -> None:
-        target = self.flight_dir / f"{FLIGHT_DUMP_PREFIX}{rank}"
+        target = self.flight_dirs[rank] / f"{FLIGHT_DUMP_PREFIX}{rank}"
         while self._sleep(self.dump_interval):
             if self._down[rank]:  # a dead process writes no dumps
                 continue

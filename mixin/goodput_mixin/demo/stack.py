@@ -7,6 +7,11 @@ mode and by vmagent, an HA pair with `cluster` as an external label, both remote
 (deduplicated); vmalert evaluates the same rule files against it and sends to an Alertmanager of its own (Debian's
 `victoria-metrics`).
 
+With `nodes` above 1, each node is a daemon of its own (its port, events socket, flight and state folders, simulated
+GPUs and fabric), all scraped by the one Prometheus as one job, each its own `instance`; the simulated job's ranks are
+spread over them in order (ranks 0-1 on node 0 and 2-3 on node 1, for 4 ranks on 2 nodes). `job=False` and
+`serving=False` leave the simulated job and serving engine out, for a test that runs a real job on the nodes.
+
 Rules are rendered with DEMO_SETTINGS: the same rules with short windows and `for:` durations, so a
 fault shows as an alert within a minute. The daemon runs in this process so that faults can be
 injected into its simulated GPUs while it runs.
@@ -52,6 +57,9 @@ DEMO_SETTINGS = RulesSettings(
     # one crash of the demo job redoes CRASH_AFTER (40) steps, about 3 s a rank: over a 1m window that is 5%, 2.5x the
     # 2% that pages; a healthy run redoes nothing
     wasted_progress_window="1m", wasted_progress_ratio=0.02,
+    # a rank missing from a collective across nodes: its own dump 5 s into the others' wait (the demo job dumps each
+    # second)
+    rank_missing_seconds=5,
     # the straggler fault (a rank 3x slower in compute: every rank's step 0.07 s -> 0.19 s) cuts the job's FLOPs per
     # second by about 60%; a crash's 4 s without steps cuts the 20s window's by about 20%, and only while it lasts
     mfu_drop_ratio=0.3, mfu_drop_for="20s",
@@ -107,25 +115,72 @@ class Ports:
                 setattr(self, name, free_port())
 
 
+@dataclass
+class Node:
+    """One node of the stack: a daemon on its own simulated GPUs and fabric, its own port and folders."""
+
+    index: int
+    port: int
+    workdir: Path  # the stack's own folder for node 0, a folder of its own below it for the others
+    gpus: SimulatedGpus
+    fabric: SimulatedFabric
+    daemon: Daemon | None = None
+    server: ServerThread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def instance(self) -> str:
+        """The `instance` label Prometheus gives its series."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def socket_path(self) -> str:
+        return str(self.workdir / "ingest.sock")
+
+    @property
+    def flight_dir(self) -> Path:
+        return self.workdir / "flight"
+
+
 class Stack:
     def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
                  webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS,
-                 nics: int | None = None, remote_write: bool = False) -> None:
+                 nics: int | None = None, remote_write: bool = False, nodes: int = 1, job: bool = True,
+                 serving: bool = True) -> None:
+        if nodes < 1:
+            raise StackError(f"nodes={nodes}: at least one")
         self.workdir = Path(workdir)
         self.ports = ports
         self.remote_write = remote_write
         self.ranks = ranks
         self.webhook_url = webhook_url
         self.settings = settings
-        self.gpus = SimulatedGpus(gpus)
-        # NIC i on GPU i's PCIe switch; by default one per GPU, at most 8
-        self.fabric = SimulatedFabric(self.gpus.pci_bus_ids(), nics=nics)
+        self.with_job = job
+        self.with_serving = serving
+        self.ports.fill()
+        self.nodes = [Node(i, self.ports.exporter if i == 0 else free_port(),
+                           self.workdir if i == 0 else self.workdir / f"node{i}", SimulatedGpus(gpus), None)
+                      for i in range(nodes)]  # type: ignore[arg-type]
+        for node in self.nodes:
+            # NIC i on GPU i's PCIe switch; by default one per GPU, at most 8
+            node.fabric = SimulatedFabric(node.gpus.pci_bus_ids(), nics=nics)
+        self.gpus = self.nodes[0].gpus
+        self.fabric = self.nodes[0].fabric
         self.job: SimulatedJob | None = None
-        self.daemon: Daemon | None = None
-        self._server: ServerThread | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._serving: subprocess.Popen[bytes] | None = None
-        self.ports.fill()
+
+    @property
+    def daemon(self) -> Daemon | None:
+        """Node 0's daemon."""
+        return self.nodes[0].daemon
+
+    def node_of(self, rank: int) -> Node:
+        """The node the simulated job's rank runs on: the ranks in order, as many on each node."""
+        return self.nodes[rank * len(self.nodes) // max(self.ranks, 1)]
 
     @property
     def urls(self) -> dict[str, str]:
@@ -141,18 +196,22 @@ class Stack:
 
     def start(self) -> Stack:
         try:
-            (self.workdir / "flight").mkdir(parents=True, exist_ok=True)
-            self._start_daemon()
-            self._start_serving()
+            for node in self.nodes:
+                node.flight_dir.mkdir(parents=True, exist_ok=True)
+                self._start_daemon(node)
+            if self.with_serving:
+                self._start_serving()
             self._write_rules()
             self._start_alertmanager("alertmanager", self.ports.alertmanager)
             self._start_prometheus()
             if self.remote_write:
                 self._start_remote_write()
             self._wait_scraped()
-            self.job = SimulatedJob(WORKLOAD, self.ranks, str(self.workdir / "ingest.sock"),
-                                    self.workdir / "flight").start()
-            self._hold_gpus()
+            if self.with_job:
+                nodes = [self.node_of(rank) for rank in range(self.ranks)]
+                self.job = SimulatedJob(WORKLOAD, self.ranks, [n.socket_path for n in nodes],
+                                        [n.flight_dir for n in nodes]).start()
+                self._hold_gpus()
         except BaseException:
             self.stop()
             raise
@@ -165,10 +224,12 @@ class Stack:
         this process, every GPU would read as a NUMA mismatch)."""
         sleep = shutil.which("sleep") or "/bin/sleep"
         for rank in range(self.ranks):
+            node = self.node_of(rank)
+            gpu = rank - min(r for r in range(self.ranks) if self.node_of(r) is node)  # its place on its node
             holder = subprocess.Popen([sleep, "infinity"], env={"TORCHELASTIC_RUN_ID": WORKLOAD, "RANK": str(rank)})
             self._procs.append(holder)
-            os.sched_setaffinity(holder.pid, self.gpus.device_cpu_affinity(self.gpus.device_handle(rank)))
-            self.gpus.attach_process(rank, holder.pid)
+            os.sched_setaffinity(holder.pid, node.gpus.device_cpu_affinity(node.gpus.device_handle(gpu)))
+            node.gpus.attach_process(gpu, holder.pid)
 
     def stop(self) -> None:
         if self.job is not None:
@@ -181,28 +242,30 @@ class Stack:
                 proc.wait(10)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        if self._server is not None:
-            self._server.stop()
-        if self.daemon is not None:
-            self.daemon.stop()
+        for node in self.nodes:
+            if node.server is not None:
+                node.server.stop()
+            if node.daemon is not None:
+                node.daemon.stop()
 
-    def _start_daemon(self) -> None:
+    def _start_daemon(self, node: Node) -> None:
         config = load(None, {
-            "web": {"listen_address": f"127.0.0.1:{self.ports.exporter}"},
+            "web": {"listen_address": f"127.0.0.1:{node.port}"},
             "nvml": {"interval": "1s", "slow_interval": "1s"},  # faults page within seconds
             "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "fabric": {"interval": "1s"},
-            "ingest": {"interval": "1s", "socket_path": str(self.workdir / "ingest.sock"),
-                       "state_dir": str(self.workdir / "state")},
-            "flight": {"interval": "1s", "dir": str(self.workdir / "flight"), "rank_missing_after": "2s"},
+            "ingest": {"interval": "1s", "socket_path": node.socket_path, "state_dir": str(node.workdir / "state")},
+            # a rank whose dumps stop (its process gone) ends 10 s after its last one
+            "flight": {"interval": "1s", "dir": str(node.flight_dir), "rank_missing_after": "2s",
+                       "stale_after": "10s"},
             "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
         sock = bind(config.web.listen_address)
-        self.daemon = build_daemon(config, backend=self.gpus, fabric=self.fabric)
-        self.daemon.start()
-        self._server = ServerThread(create_app(self.daemon), [sock], "demo-http")
-        self._server.start()
-        self._wait_ready("exporter", f"{self.urls['exporter']}/readyz")
+        node.daemon = build_daemon(config, backend=node.gpus, fabric=node.fabric)
+        node.daemon.start()
+        node.server = ServerThread(create_app(node.daemon), [sock], f"demo-http-{node.index}")
+        node.server.start()
+        self._wait_ready(f"exporter of node {node.index}", f"{node.url}/readyz")
 
     def _start_serving(self) -> None:
         """The simulated engine, in a process of its own whose launcher variable names its workload, holding up to
@@ -252,11 +315,12 @@ class Stack:
         cluster = {self.settings.cluster_label: CLUSTER} if cluster_as_target_label else {}
         return [
             {"job_name": self.settings.exporter_job, "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports.exporter}"], "labels": cluster}]},
+                {"targets": [node.instance for node in self.nodes], "labels": cluster}]},
             # the serving engine, as a bare-metal scrape names it: its workload (the name the process source gives
             # the GPUs it holds) as a target label, for the rules' join to its GPUs
-            {"job_name": SERVING_JOB, "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports.serving}"], "labels": {**cluster, "workload": SERVING}}]},
+            *([{"job_name": SERVING_JOB, "static_configs": [
+                {"targets": [f"127.0.0.1:{self.ports.serving}"], "labels": {**cluster, "workload": SERVING}}]}]
+              if self.with_serving else []),
         ]
 
     def _start_prometheus(self) -> None:
@@ -324,7 +388,7 @@ class Stack:
             while True:
                 try:
                     body = httpx.get(f"{self.urls[store]}/api/v1/query", params={"query": query}, timeout=2).json()
-                    if body.get("data", {}).get("result"):
+                    if len(body.get("data", {}).get("result", [])) == len(self.nodes):  # every node's daemon
                         break
                 except httpx.HTTPError:
                     pass

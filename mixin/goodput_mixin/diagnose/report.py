@@ -44,6 +44,12 @@ def text(diagnoses: list[Diagnosis]) -> str:
         if lines:
             lines.append("")
         lines.append(f"{target.workload}{where}  goodput {goodput}")
+        for culprit in diagnosis.culprits:
+            pod = f", pod {culprit.pod}" if culprit.pod else ""
+            lines.append(f"  culprit: rank {culprit.rank} on node {culprit.node}{pod}: {culprit.why}")
+        if diagnosis.culprits:
+            lines.append(f"  (the GPU, host and fabric figures below are read on the culprits' node(s): "
+                         f"{', '.join(diagnosis.culprit_nodes)})")
         deciding = diagnosis.deciding
         for layer in LAYERS[:-1]:
             lines.append(f"  {layer}")
@@ -79,6 +85,7 @@ def document(diagnoses: list[Diagnosis], *, prometheus: str, at: float, settings
             "goodput_ratio": target.goodput,
             "layer": target.layer,
             "reason": target.reason,
+            "culprits": [{"rank": c.rank, "node": c.node, "pod": c.pod, "why": c.why} for c in diagnosis.culprits],
             "checks": [{
                 "order": reading.check.order,
                 "layer": reading.check.layer,

@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..rules.alerts import alerts
+from ..rules.recording import COLLECTIVE_MISSING, RANK_POD
 from ..rules.settings import RulesSettings
 from ..rules.verdict import CANDIDATE, HEALTHY, VERDICT, Check, Term, checks, order
 from .prometheus import AskError, Prometheus, Sample
@@ -111,12 +112,29 @@ class CheckReading:
         return self.status != "failed" and all(t.holds for t in self.terms)
 
 
+@dataclass(frozen=True)
+class Culprit:
+    """A rank the others wait for, and the node it runs on: where to look first."""
+
+    rank: str
+    node: str  # the node label's value
+    pod: str | None  # namespace/pod, where the kubelet source knows it
+    why: str
+
+
 @dataclass
 class Diagnosis:
     target: Target
     goodput_query: str
     cluster_label: str
     checks: list[CheckReading] = field(default_factory=list)
+    # the ranks the others wait for (missing from a collective, or straggling), with their nodes; where there are
+    # any, the GPU and node figures of the walk are read on the culprits' nodes only, not on the nodes that wait
+    culprits: list[Culprit] = field(default_factory=list)
+
+    @property
+    def culprit_nodes(self) -> list[str]:
+        return sorted({c.node for c in self.culprits})
 
     @property
     def healthy(self) -> bool:
@@ -243,15 +261,21 @@ class Walk:
         held = self._held(f"workload=~{regex}")
         with_gpus = {self._key(s.labels) for s in self.ask(f"count by ({c}, workload) ({held})")}
         values = {term: self._worst(term, regex) for check in self.checks for term in check.terms}
+        culprits = self._culprits(regex)
         out = []
         for target in targets:
             here = matchers(target, c)
             ratio = f"workload:goodput_ratio:rate{self.s.windows[0]}"
-            diagnosis = Diagnosis(target, with_matchers(ratio, here) or ratio, c)
+            diagnosis = Diagnosis(target, with_matchers(ratio, here) or ratio, c,
+                                  culprits=culprits.get(target.key, []))
+            nodes = diagnosis.culprit_nodes
+            own = string("^(?:" + re.escape(target.workload) + ")$")
+            on_culprits = {term: self._worst(term, own, nodes) for check in self.checks for term in check.terms
+                           if nodes and self._per_node(term)}
             for check in self.checks:
                 readings = []
                 for term in check.terms:
-                    value = values[term].get(target.key)
+                    value = (on_culprits[term] if term in on_culprits else values[term]).get(target.key)
                     if value is None and term.absent_is_zero and (term.per != "gpu" or target.key in with_gpus):
                         value = 0.0
                     readings.append(TermReading(term, one_line(self._series(term, here)), value))
@@ -267,22 +291,54 @@ class Walk:
             out.append(diagnosis)
         return out
 
+    def _culprits(self, regex: str) -> dict[tuple[str | None, str], list[Culprit]]:
+        """The ranks the others wait for, by workload: missing from a collective (the rules' record), or the slowest
+        rank by its own time per step where it is much slower than the median rank (GoodputStraggler's condition)."""
+        n = self.s.node_label
+        pods = {(self._key(p.labels), p.labels.get("rank", ""), p.labels.get(n, "")):
+                f"{p.labels.get('namespace', '')}/{p.labels.get('pod', '')}"
+                for p in self.ask(f"{RANK_POD}{{workload=~{regex}}}")}
+        found: dict[tuple[str | None, str], list[Culprit]] = {}
+
+        def add(labels: dict[str, str], why: str) -> None:
+            key, rank, node = self._key(labels), labels.get("rank", ""), labels.get(n, "")
+            found.setdefault(key, []).append(Culprit(rank, node, pods.get((key, rank, node)), why))
+
+        for sample in sorted(self.ask(f"{COLLECTIVE_MISSING}{{workload=~{regex}}}"),
+                             key=lambda s: (s.labels.get("pg", ""), _rank_order(s.labels.get("rank", "")))):
+            add(sample.labels, f"missing from a collective of process group {sample.labels.get('pg', '?')}")
+        straggler = f"workload_rank:goodput_straggler_ratio:rate{self.s.windows[0]}"
+        slowest = f"topk by ({self.s.cluster_label}, workload) (1, {straggler}{{workload=~{regex}}})"
+        for sample in sorted(self.ask(f"{slowest} > {self.s.straggler_ratio:g}"),
+                             key=lambda s: _rank_order(s.labels.get("rank", ""))):
+            add(sample.labels, f"straggler: its own time per step is {sample.value:.2f}x the median rank's")
+        return found
+
+    @staticmethod
+    def _per_node(term: Term) -> bool:
+        """Whether the term's figure is read per GPU or per node, or is a record per workload and node: the figures
+        a culprit's node is walked with."""
+        return term.per in ("gpu", "node") or term.figure.startswith("workload_node:")
+
     def _held(self, selector: str) -> str:
         c, n = self.s.cluster_label, self.s.node_label
         return (f"max by ({c}, {n}, uuid, workload) "
                 f"(max_over_time(goodput_gpu_workload_info{{{selector}}}[{self.s.bottleneck_gpu_recent_window}]))")
 
-    def _worst(self, term: Term, regex: str) -> dict[tuple[str | None, str], float]:
-        """The term's figure, the worst series of each workload of the regex."""
+    def _worst(self, term: Term, regex: str, nodes: list[str] | None = None) -> dict[tuple[str | None, str], float]:
+        """The term's figure, the worst series of each workload of the regex (on `nodes` only, where given)."""
         c, n = self.s.cluster_label, self.s.node_label
         figure, worst = term.shown or term.figure, term.worst
+        on = f", {n}=~{string('|'.join(re.escape(node) for node in nodes))}" if nodes else ""
         if term.per == "gpu":
-            expr = (f"{worst} by ({c}, workload) (\n  {self._held(f'workload=~{regex}')}\n"
+            expr = (f"{worst} by ({c}, workload) (\n  {self._held(f'workload=~{regex}{on}')}\n"
                     f"  * on ({c}, {n}, uuid) group_left ()\n  {worst} by ({c}, {n}, uuid) ({figure})\n)")
         elif term.per == "node":
-            expr = (f"{worst} by ({c}, workload) (\n  {NODE_INFO}{{workload=~{regex}}}\n"
+            expr = (f"{worst} by ({c}, workload) (\n  {NODE_INFO}{{workload=~{regex}{on}}}\n"
                     f"  * on ({c}, {n}) group_left ()\n  {worst} by ({c}, {n}) ({figure})\n)")
         else:
+            if on:
+                figure = with_matchers(figure, on[2:]) or figure
             expr = (f"{worst} by ({c}, workload) (\n  {paren(figure)}\n  and on ({c}, workload)\n"
                     f"  {VERDICT}{{workload=~{regex}}}\n)")
         return {self._key(s.labels): s.value for s in self.ask(expr)}
@@ -296,3 +352,7 @@ class Walk:
         if term.per == "node":
             return f"{figure} * on ({c}, {n}) group_left (workload) {NODE_INFO}{{{here}}}"
         return with_matchers(term.figure, here) or f"{figure} and on ({c}, workload) {VERDICT}{{{here}}}"
+
+
+def _rank_order(rank: str) -> tuple[int, str]:
+    return (int(rank), "") if rank.isdigit() else (1 << 62, rank)

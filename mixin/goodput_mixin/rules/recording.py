@@ -265,11 +265,12 @@ def _workload(s: RulesSettings) -> list[Rule]:
 
 
 def _step(s: RulesSettings) -> list[Rule]:
-    c, w = s.cluster_label, s.windows[0]
+    """Per rank, with its node (the label names where a rank runs: an alert on it pages that node's owner)."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
     return [
         {"record": f"workload_rank:goodput_step_duration_seconds:mean{w}",
-         "expr": f"sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
-                 f"  / (sum by ({c}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
+         "expr": f"sum by ({c}, {n}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
+                 f"  / (sum by ({c}, {n}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
     ]
 
 
@@ -289,16 +290,21 @@ def _step_shift(s: RulesSettings) -> list[Rule]:
                "  )")
     ranks = f"count by ({c}, workload) (\n    group by ({c}, workload, rank) ({counter})\n  )"
 
-    def kind(name: str, comparison: str) -> Rule:
+    # one rank much slower than the median by its own time (the others wait for it) shifts every rank's step time up
+    straggling = f"workload:goodput_straggler_ratio:rate{s.windows[0]} > {s.straggler_ratio:g}"
+
+    def kind(name: str, comparison: str, straggler: str) -> Rule:
         return {"record": STEP_SHIFT,
-                "expr": f"group by ({c}, workload) (\n  {shifted}\n  * 2 {comparison} on ({c}, workload)\n  {ranks}\n)",
+                "expr": f"group by ({c}, workload) (\n  (\n  {shifted}\n  * 2 {comparison} on ({c}, workload)\n"
+                        f"  {ranks}\n  )\n  {straggler} on ({c}, workload)\n  {straggling}\n)",
                 "labels": {"kind": name}}
 
-    return [kind("straggler", "<="), kind("regression", ">")]
+    return [kind("straggler", "<=", f"or\n  group by ({c}, workload) ({shifted})\n  and"),
+            kind("regression", ">", "unless")]
 
 
 def _straggler(s: RulesSettings) -> list[Rule]:
-    c, w = s.cluster_label, s.windows[0]
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
     return [
@@ -307,8 +313,8 @@ def _straggler(s: RulesSettings) -> list[Rule]:
         # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
         # fall back to their step time.
         {"record": own,
-         "expr": f'sum by ({c}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
-                 f"  / (sum by ({c}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
+         "expr": f'sum by ({c}, {n}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
+                 f"  / (sum by ({c}, {n}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
                  f"or\n{step}"},
     ]
 
@@ -439,6 +445,64 @@ def _accounting_totals(s: RulesSettings) -> list[Rule]:
         {"record": f"workload:goodput_wasted_seconds:increase{window}",
          "expr": f"avg_over_time(workload:goodput_wasted_seconds:rate{short}[{window}]) * {seconds(window)}"},
     ]
+
+
+COLLECTIVE_MISSING = "workload_pg_rank:goodput_collective_rank_missing:info"
+WAIT_STARTED = "workload_pg:goodput_collective_wait_started:min"
+AWAITED = "workload_pg:goodput_collective_awaited_seq:min"
+MISSING_SECONDS = "workload_pg_rank:goodput_collective_missing:seconds"
+
+
+def _collective_missing(s: RulesSettings) -> list[Rule]:
+    """Ranks missing from a collective, whatever node each rank of the process group is on, from each rank's own
+    flight-recorder dump: the ranks that wait (a collective in flight) and since when (the dump's time less how long
+    its oldest op had waited), the collective the group waits in (the lowest one a rank waits in), and for every rank
+    that has not enqueued it, how long after the wait began its own dump still showed so. Dump times are compared,
+    never the dumps' raw sequence numbers, so the time between dumps (a healthy rank 20 collectives behind in an
+    older dump) does not accuse anyone. The rules run in turn: each reads the one before it fresh."""
+    c, n = s.cluster_label, s.node_label
+    inflight = "goodput_collective_oldest_inflight_seconds > 0"
+    rank = f"{c}, {n}, workload, rank"
+    return [
+        {"record": WAIT_STARTED,
+         "expr": f"min by ({c}, workload, pg) (\n  goodput_flight_recorder_dump_timestamp_seconds\n"
+                 f"  - on ({rank}) group_right ()\n  ({inflight})\n)"},
+        {"record": AWAITED,
+         "expr": f'min by ({c}, workload, pg) (\n  goodput_collective_last_seq{{state="completed"}} + 1\n'
+                 f"  and on ({rank}, pg)\n  ({inflight})\n)"},
+        {"record": MISSING_SECONDS,
+         "expr": f"(\n  max without (state) (\n"
+                 f'    goodput_collective_last_seq{{state="enqueued"}}\n'
+                 f"    < on ({c}, workload, pg) group_left ()\n    {AWAITED}\n  ) * 0\n"
+                 f"  + on ({rank}) group_left ()\n  goodput_flight_recorder_dump_timestamp_seconds\n)\n"
+                 f"- on ({c}, workload, pg) group_left ()\n{WAIT_STARTED}"},
+        # the culprits: missing across nodes, or by the daemon's own check of the ranks on its node (the fast path);
+        # with their namespace and pod where known
+        {"record": COLLECTIVE_MISSING,
+         "expr": with_pod(s, f"group by ({c}, {n}, workload, pg, rank) (\n  {MISSING_SECONDS} >= "
+                             f"{s.rank_missing_seconds:g}\n  or\n  goodput_collective_missing_rank == 1\n)")},
+    ]
+
+
+RANK_POD = "workload_rank:goodput_pod:info"
+
+
+def _rank_pod(s: RulesSettings) -> list[Rule]:
+    """The pod of each rank, where the kubelet source knows it: the pod its GPUs are assigned to."""
+    c, n = s.cluster_label, s.node_label
+    return [
+        {"record": RANK_POD,
+         "expr": f"max by ({c}, {n}, workload, rank, namespace, pod) (\n"
+                 f'  goodput_gpu_workload_info{{rank!=""}}\n  * on ({c}, {n}, uuid) group_left (namespace, pod)\n'
+                 f"  topk by ({c}, {n}, uuid) (1, max by ({c}, {n}, uuid, namespace, pod) (goodput_gpu_pod_info))\n)"},
+    ]
+
+
+def with_pod(s: RulesSettings, expr: str) -> str:
+    """`expr` (series of ranks, with the node label) with the rank's namespace and pod where they are known."""
+    c, n = s.cluster_label, s.node_label
+    return (f"(\n  {expr}\n)\n* on ({c}, {n}, workload, rank) group_left (namespace, pod)\n{RANK_POD}\n"
+            f"or\n(\n  {expr}\n)\nunless on ({c}, {n}, workload, rank)\n{RANK_POD}")
 
 
 def _collective(s: RulesSettings) -> list[Rule]:
@@ -625,6 +689,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
         *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),
         {"name": "goodput.collective", "rules": _collective(s)},
+        {"name": "goodput.collective_missing", "rules": _collective_missing(s)},
+        {"name": "goodput.rank_pod", "interval": s.slow_groups_interval, "rules": _rank_pod(s)},
         # the fabric: raw counters per port and node, per link, then the levels that read those
         {"name": "goodput.fabric", "rules": _fabric(s)},
         {"name": "goodput.fabric_link", "rules": _fabric_link(s)},

@@ -140,6 +140,11 @@ class RulesSettings(BaseModel):
     dump_stale_seconds: float = Field(
         900, gt=0, description="A flight-recorder dump older than this no longer proves a hang.")
     rank_missing_for: str = Field("1m", description="GoodputCollectiveRankMissing: for how long.")
+    rank_missing_seconds: float = Field(
+        30, gt=0, description="GoodputCollectiveRankMissing, across nodes: a rank is missing from a collective when "
+        "its own flight-recorder dump, written at least this long after another rank of the process group began "
+        "waiting in it, shows it has not enqueued it (dump times are compared, so the time between dumps does not "
+        "matter). Ranks whose dumps are on the same node are also checked by the daemon (flight.rank_missing_after).")
     critical_xids: list[int] = Field(
         [31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
         description="GoodputGPUXidCritical: XID codes that page.")

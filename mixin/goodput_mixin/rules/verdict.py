@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recording import Group, Rule, held
+from .recording import COLLECTIVE_MISSING, Group, Rule, held
 from .settings import RulesSettings
 
 # The walk: (layer, reason), first match wins. A candidate's value is its place here (1-based); healthy comes last.
@@ -203,7 +203,7 @@ def checks(s: RulesSettings) -> tuple[Check, ...]:
                     f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total{{{limits}}}[{w}]))", ">",
                     s.throttle_ratio)),
         _check("rank_missing", "workload", "GoodputCollectiveRankMissing",
-               Term("a rank missing from a collective", "workload", "goodput_collective_missing_rank", "==", 1,
+               Term("a rank missing from a collective", "workload", COLLECTIVE_MISSING, "==", 1,
                     absent_is_zero=True)),
         _check("collective_hang", "workload", "GoodputCollectiveHang", hang, dump_age,
                expr=f"{hang.condition}\n  and on ({c}, {n}, workload, rank)\n  ({dump_age.condition})"),
