@@ -20,7 +20,7 @@ Builders: `catalog_exposition` writes one from mixin/goodput_mixin/rules/engines
 buckets) in the engine's client library's format; `tgi_exposition` is TGI's, as its Rust exporter
 (metrics-exporter-prometheus 0.15) prints it: no `_total` on counters, integer counts, `le` and values in Rust's
 f64 Display (shortest round trip, never an exponent, no ".0" on integers). No real TGI exposition was found
-(tests/inference_engines/PROVENANCE.md), so that one is constructed.
+(tests/serving_corpus/PROVENANCE.md), so that one is constructed.
 """
 
 from __future__ import annotations

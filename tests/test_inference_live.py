@@ -4,7 +4,7 @@ must be what the replayed data implies, computed here from the slopes and values
 PromQL).
 
 Targets (tests/inference_replay.py serves them; each counter and histogram part grows linearly, gauges hold):
-- the six real expositions of tests/inference_engines/ (PROVENANCE.md), every line kept, values evolving. They
+- the six real expositions of tests/serving_corpus/ (PROVENANCE.md), every line kept, values evolving. They
   are excerpts: histograms lack buckets, `_count`, or the bucket at an objective's threshold, and what the rules
   cannot derive from them must be absent (no attainment without a count, no met count without the threshold's
   bucket);
@@ -82,7 +82,7 @@ SETTINGS = RulesSettings(windows=["20s", "2m"], slow_groups_interval="5s", infer
 SHORT = "20s"
 LONG = ("1m", "2m", "6m")
 CLUSTER = "test"
-ENGINES_DIR = ROOT / "tests" / "inference_engines"
+ENGINES_DIR = ROOT / "tests" / "serving_corpus"
 REL = 1e-6  # relative tolerance; the replayed rates are exact to float rounding
 
 # each engine's objectives as the settings resolve them (TGI's TPOT: its bucket bound nearest 0.1 s), for the

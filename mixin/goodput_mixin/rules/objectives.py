@@ -61,7 +61,8 @@ def check_objectives(s: RulesSettings) -> None:
             for objective, (field, signal) in OBJECTIVES.items():
                 threshold = getattr(objectives, field)
                 for native in engine.signals.get(signal, ()):
-                    if bound(native.buckets, threshold) is None:
+                    # a histogram whose buckets are set per deployment (Triton's) has no default to check against
+                    if native.buckets and bound(native.buckets, threshold * native.le_per) is None:
                         where = f"model {model!r} on {name}" if model else name
                         raise ValueError(
                             f"{objective} objective {threshold!r} s ({where}) is not a bucket bound of {native.name} "
