@@ -13,6 +13,12 @@ named in `Engine.version` (and, for the renamed or older names, at the release n
   `router/src/validation.rs`, `backends/v3/src/{backend,queue,lib}.rs`), v1.0.0 to v3.3.7, and the exposition code
   of the Rust crate it uses, metrics-exporter-prometheus 0.15.3 (metrics-rs/metrics, `src/recorder.rs`,
   `src/formatting.rs`).
+- vLLM under Ray Serve: vLLM's own names (above) through `vllm/v1/metrics/ray_wrappers.py`, with the prefix and
+  labels Ray's metrics agent adds, as Ray's Serve LLM Grafana panels query them
+  (`python/ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py`). No real scrape was found.
+- Triton Inference Server: triton-inference-server/core `src/metric_model_reporter.cc` and the server's
+  `docs/user_guide/metrics.md` (r24.04); the TensorRT-LLM backend's `nv_trt_llm_*` gauges from its README's sample
+  output (tensorrtllm_backend `README.md`, "Triton Metrics") and `inflight_batcher_llm/src/custom_metrics_reporter`.
 
 Conventions: `Native.name` is the series name as a scrape shows it: counters with the `_total` that the Python
 client (prometheus_client) appends to every counter, whether or not the source spelled it (vLLM renamed
