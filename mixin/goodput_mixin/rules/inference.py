@@ -3,7 +3,8 @@ the latency SLO figures and the serving GPUs from them.
 
 Levels (labels kept):
 - `server:` one scrape target of an engine (its target labels: instance, job, namespace, pod, ... ) plus
-  `model` (the engine's model label, renamed) and `engine` (vllm, sglang, tgi; `goodput` for the client path);
+  `model` (the engine's model label, renamed) and `engine` (vllm, sglang, tgi, ray_vllm, triton; `goodput` for the
+  client path);
 - `workload:` a served model: `cluster`, `namespace`, `workload` (a label of the client path's series, or one the
   scrape adds), `model`, `engine`.
 
@@ -11,12 +12,22 @@ Engines renamed some series between versions (vLLM's gpu_cache_usage_perc -> kv_
 name an engine has used is read, series by series, the current one winning where a server exposes both.
 
 Attainment of an objective is the share of a histogram's observations at or under its threshold, read from the
-bucket whose bound is the threshold (the settings refuse any other threshold). Two histograms do not say how many
-requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b), and
-exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client path's
-count, else the judged requests times the lower bound); the burn-rate alerts page on errors known to have happened
-(1 - the exact figure, else 1 - the upper bound), so neither flatters nor guesses. A request that ends before it is
-judged (aborted before its first token) counts in neither: no engine observes a time to first token for it.
+bucket whose bound is the threshold (the settings refuse a threshold that is no bound of an engine's default
+buckets); a scrape without that bucket (an older, custom or trimmed layout) is read at the largest bound below the
+threshold that it has, among those the engines have used and Prometheus' defaults: a lower bound, and the bound used
+is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
+first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
+unjudged, the "unmeasured" alert fires, and the model has no joint figure nor SLO goodput. Two histograms do not say
+how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b),
+and exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client
+path's count, else the judged requests times the lower bound), never more than the finished requests less the
+aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else 1 - the upper
+bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its first token)
+counts in neither: no engine observes a time to first token for it.
+
+Requests are finished requests by a normalized reason (stop, length, abort, error) where the engine tells one, none
+where it does not; a served model without a model label is named for its pod's owner (Deployment, StatefulSet), and
+a target exposing another engine's native series (vLLM printing TGIS-named ones) is that engine's alone.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """Which latency objectives apply to which engine and model, and the check that each threshold is a bucket bound
-of the histogram it is judged on (so that attainment is a count, not an interpolation)."""
+of the default buckets of the histogram it is judged on (so that attainment is a count, not an interpolation; a
+scrape with other buckets is judged at the bound below, see inference.py)."""
 
 from __future__ import annotations
 
