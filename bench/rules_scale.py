@@ -645,6 +645,10 @@ def _checks() -> list[tuple[str, int]]:
     pods = _serving()
     gpus = sum(len(pod.gpus) for pod in pods)
     served = len({pod.model for pod in pods})
+    # the models whose engine judges both objectives (TGI cannot judge time to first token, Triton time per output
+    # token: theirs are unmeasured, with no SLO goodput nor error ratio)
+    judged = len({pod.model for pod in pods
+                  if all(signal in ENGINES[pod.model.engine].signals for _, signal in OBJECTIVES.values())})
     return [("count(gpu:goodput_gpu_idle_ratio:rate1h)", NODES * GPUS_PER_NODE),
             ("count(node:goodput_gpu_idle_ratio:rate5m)", NODES),
             ("count(workload_rank:goodput_straggler_ratio:rate5m)", WORKLOADS * RANKS),
@@ -658,8 +662,9 @@ def _checks() -> list[tuple[str, int]]:
             ("count(workload:goodput_inference_gpu:info)", gpus),
             ("count(workload:goodput_inference_gpu_idle_ratio:rate5m)", served),
             ("count(workload:goodput_inference_gpu_power_watts:sum)", served),
-            ("count(workload:goodput_inference_slo_goodput:rate5m)", served),
-            *((f"count(workload:goodput_inference_slo_error_ratio:rate{window})", served)
+            ("count(workload:goodput_inference_slo_goodput:rate5m)", judged),
+            ("count(workload:goodput_inference_slo_unjudged_requests:rate5m)", served - judged),
+            *((f"count(workload:goodput_inference_slo_error_ratio:rate{window})", judged)
               for window in ("30m", "1h", "6h"))]
 
 
