@@ -27,19 +27,22 @@ the joins `on (cluster, ...)` join what they would. Every GPU also reports DCGM'
 source on) and its power draw, and the ranks' GPUs carry the attribution info series (workload and pod), so the
 groups reading them cost what they would.
 
-The serving pods (`SERVING`: vLLM V1, SGLang and TGI) serve `MODELS` models, each model one engine in one of the
-workloads' namespaces with 20 pods of 1, 2, 4 or 8 GPUs. Each pod exposes the series that
-mixin/goodput_mixin/rules/engines.py gives for its engine under their current names (a current release exposes no
-other), with the engine's own labels (those on by default: vLLM's model_name and engine="0"; SGLang's model_name,
-engine_type="unified", is_streaming on the tokenizer's series, and tp_rank, pp_rank, moe_ep_rank on the
-schedulers', two pipeline stages reporting on pods of 4 or more GPUs; TGI none) and every default bucket, `le`
-written as the engine's client library writes it (Python's repr; TGI's Rust shortest form, which Prometheus 2
-stores as written). The target labels are those of Kubernetes service discovery: instance (pod IP:port), job,
-namespace, pod, and TGI's `model` added by the scrape, as TGI has no model label; each target has its `up`.
-Counters and histograms grow at each pod's request rate (histogram buckets from a latency distribution per model),
-gauges vary by scrape. The engines' other series (process, Python, the histograms no rule reads) are left out: no
-rule reads them. The pods' GPUs are the fleet's GPUs held by no rank (nodes 800 on; 3,560 of the 3,600), each
-pod's GPUs on one node, given to it by goodput_gpu_pod_info (namespace, pod), so no GPU is held twice.
+The serving pods (`SERVING`: vLLM V1, SGLang, TGI, Triton with TensorRT-LLM, vLLM under Ray Serve) serve `MODELS`
+models, each model one engine in one of the workloads' namespaces with 20 pods of 1, 2, 4 or 8 GPUs. Each pod
+exposes the series that mixin/goodput_mixin/rules/engines.py gives for its engine under their current names (a
+current release exposes no other), with the engine's own labels (those on by default: vLLM's model_name and
+engine="0"; SGLang's model_name, engine_type="unified", is_streaming on the tokenizer's series, and tp_rank,
+pp_rank, moe_ep_rank on the schedulers', two pipeline stages reporting on pods of 4 or more GPUs; TGI none;
+Triton's model and version, with request_type and kv_cache_block_type on the TensorRT-LLM backend's gauges; Ray's
+WorkerId, SessionName and Version beside vLLM's) and every default bucket (Triton's first-response histogram, which
+has none, in milliseconds), `le` written as the engine's client library writes it (Python's repr; TGI's Rust
+shortest form, which Prometheus 2 stores as written). The target labels are those of Kubernetes service discovery:
+instance (pod IP:port), job, namespace, pod, and TGI's `model` added by the scrape, as TGI has no model label; each
+target has its `up`. Counters and histograms grow at each pod's request rate (histogram buckets from a latency
+distribution per model), gauges vary by scrape. The engines' other series (process, Python, the histograms no rule
+reads) are left out: no rule reads them. The pods' GPUs are the fleet's GPUs held by no rank (nodes 800 on; 3,560
+of the 3,600), each pod's GPUs on one node, given to it by goodput_gpu_pod_info (namespace, pod), so no GPU is held
+twice.
 
 The long-window groups average what the short-window (5m) rules recorded, so the history also holds those
 recorded series for the longest window each is read over (1h; the inference SLO series 6h, for the 30m, 1h
@@ -55,6 +58,7 @@ the input touches (and once more to find them); and Prometheus runs with compact
 from __future__ import annotations
 
 import calendar
+import dataclasses
 import functools
 import http.client
 import http.server
@@ -114,18 +118,25 @@ HEALTH_GAUGES = {"up": (1, 0), "pcie_link_generation": (5, 5), "pcie_link_max_ge
 WASTEFUL = 5  # workloads redoing enough steps after restarts that GoodputWastedProgress pages (_long_value)
 DCGM_RATIOS = {"sm": 0.9, "dram": 0.4, "tensor": 0.6, "fp16": 0.1, "fp32": 0.2, "fp64": 0.0}  # x busy
 CLUSTER = 'cluster="gpu-east-1"'  # every target's cluster label
-SERVING = {"vllm": 1400, "sglang": 400, "tgi": 200}  # serving pods per engine
-TITLES = {"vllm": "vLLM (V1)", "sglang": "SGLang", "tgi": "TGI"}
-MODELS = 100  # served models; model m's engine is MODEL_ENGINES[m % 10], its pods' GPUs MODEL_GPUS[m * 37 % 50]
-MODEL_ENGINES = ("vllm",) * 7 + ("sglang",) * 2 + ("tgi",)
+SERVING = {"vllm": 1200, "sglang": 300, "tgi": 200, "triton": 200, "ray_vllm": 100}  # serving pods per engine
+TITLES = {"vllm": "vLLM (V1)", "sglang": "SGLang", "tgi": "TGI", "triton": "Triton (TensorRT-LLM)",
+          "ray_vllm": "vLLM under Ray Serve"}
+MODELS = 100  # served models; model m's engine is MODEL_ENGINES[m % 20], its pods' GPUs MODEL_GPUS[m * 37 % 50]
+MODEL_ENGINES = ("vllm",) * 12 + ("sglang",) * 3 + ("tgi",) * 2 + ("triton",) * 2 + ("ray_vllm",)
 MODEL_GPUS = (8,) * 2 + (4,) * 5 + (2,) * 10 + (1,) * 33
-PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 80}
+PORTS = {"vllm": 8000, "sglang": 30000, "tgi": 80, "triton": 8002, "ray_vllm": 8080}
+# Triton's first-response histogram has no default buckets (set per model): milliseconds, a bound at the 1 s objective
+TRITON_FIRST_RESPONSE_MS = (50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 PROMPT, GENERATED = 1000, 200  # tokens per request
 # the engines' own labels: value -> share of the requests; None: off by default (DP attention, priority scheduling)
 LABEL_VALUES: dict[str, dict[str, float] | None] = {
     "engine": {"0": 1}, "engine_type": {"unified": 1}, "is_streaming": {"true": 0.7, "false": 0.3},
     "tp_rank": {"0": 1}, "moe_ep_rank": {"0": 1}, "dp_rank": None, "priority": None,
-    "finished_reason": {"stop": 0.8, "length": 0.15, "abort": 0.04, "error": 0.007, "repetition": 0.003}}
+    "finished_reason": {"stop": 0.8, "length": 0.15, "abort": 0.04, "error": 0.007, "repetition": 0.003},
+    # Triton's (a per-kind gauge gets the kind its native reads; failures carry Triton's reason) and Ray's agent's
+    "version": {"1": 1}, "request_type": None, "kv_cache_block_type": None, "reason": {"BACKEND": 1}, "err": None,
+    "WorkerId": {"5f0c9a31": 1}, "ReplicaId": None, "NodeAddress": None, "SessionName": {"session_2026": 1},
+    "Version": {"2.52.0": 1}, "Component": None}
 # normalized latency signal -> (median seconds, before the model's own factor; observations per request)
 LATENCY = {"time_to_first_token": (0.25, 1), "time_per_output_token": (0.03, 1),
            "inter_token_latency": (0.03, GENERATED), "e2e_request_latency": (6.0, 1), "queue_time": (0.02, 1)}
@@ -339,8 +350,10 @@ def _le(engine: Engine, bound: float) -> str:
 
 def _label_sets(engine: Engine, native: Native, pod: Pod) -> list[tuple[str, float]]:
     """The engine's own label sets on one pod's `native`, each with its share of the pod's requests."""
-    sets: list[tuple[str, float]] = [("", 1.0)]
+    sets: list[tuple[str, float]] = [(native.match, 1.0)] if native.match else [("", 1.0)]
     for label in native.labels:
+        if native.match.startswith(f"{label}="):
+            continue
         if label == engine.model_label:
             values: dict[str, float] | None = {pod.model.name: 1}
         elif label == "pp_rank":  # each stage's scheduler reports the same requests
@@ -364,10 +377,15 @@ def _write_serving(declare: Callable[[str, str], None], counter: Callable[..., N
     pods = _serving()
     for engine in (ENGINES[name] for name in SERVING):
         mine = [pod for pod in pods if pod.model.engine == engine.name]
+        declared = ""
         for signal, natives in engine.signals.items():
             native = natives[0]  # the current name: a current release exposes no other
+            if native.le_per != 1:  # Triton's first-response histogram, in milliseconds
+                native = dataclasses.replace(native, buckets=TRITON_FIRST_RESPONSE_MS)
             family = native.name[:-6] if native.kind == "counter" and native.name.endswith("_total") else native.name
-            declare(family, native.kind)
+            if family != declared:  # Triton's per-kind gauges: one family for running and waiting
+                declare(family, native.kind)
+                declared = family
             for pod in mine:
                 i = pod.index
                 for own, share in _label_sets(engine, native, pod):
@@ -381,12 +399,12 @@ def _write_serving(declare: Callable[[str, str], None], counter: Callable[..., N
                         else:  # kv_cache_usage
                             varying(native.name, labels, lambda t, i=i: round(0.3 + 0.06 * ((t // SCRAPE + i) % 10), 2))
                     elif native.kind == "counter":
-                        per_request = {"preemptions": 0.01, "prompt_tokens": PROMPT,
-                                       "generation_tokens": GENERATED}.get(signal, 1)
-                        counter(native.name, labels, pod.rate * per_request * share, pod.uptime)
+                        per_request = {"preemptions": 0.01, "prompt_tokens": PROMPT, "generation_tokens": GENERATED,
+                                       "queue_seconds": 0.05, "compute_seconds": 2.0}.get(signal, 1)
+                        counter(native.name, labels, pod.rate * per_request * share * native.per, pod.uptime)
                     else:
                         median, per_request = LATENCY[signal]
-                        median *= pod.model.slow
+                        median *= pod.model.slow * native.le_per
                         rate = pod.rate * per_request * share
                         for bound in native.buckets:
                             counter(f"{native.name}_bucket", f'{labels},le="{_le(engine, bound)}"',
@@ -628,6 +646,10 @@ def _checks() -> list[tuple[str, int]]:
     pods = _serving()
     gpus = sum(len(pod.gpus) for pod in pods)
     served = len({pod.model for pod in pods})
+    # the models whose engine judges both objectives (TGI cannot judge time to first token, Triton time per output
+    # token: theirs are unmeasured, with no SLO goodput nor error ratio)
+    judged = len({pod.model for pod in pods
+                  if all(signal in ENGINES[pod.model.engine].signals for _, signal in OBJECTIVES.values())})
     return [("count(gpu:goodput_gpu_idle_ratio:rate1h)", NODES * GPUS_PER_NODE),
             ("count(node:goodput_gpu_idle_ratio:rate5m)", NODES),
             ("count(workload_rank:goodput_straggler_ratio:rate5m)", WORKLOADS * RANKS),
@@ -643,8 +665,9 @@ def _checks() -> list[tuple[str, int]]:
             ("count(workload:goodput_inference_gpu:info)", gpus),
             ("count(workload:goodput_inference_gpu_idle_ratio:rate5m)", served),
             ("count(workload:goodput_inference_gpu_power_watts:sum)", served),
-            ("count(workload:goodput_inference_slo_goodput:rate5m)", served),
-            *((f"count(workload:goodput_inference_slo_error_ratio:rate{window})", served)
+            ("count(workload:goodput_inference_slo_goodput:rate5m)", judged),
+            ("count(workload:goodput_inference_slo_unjudged_requests:rate5m)", served - judged),
+            *((f"count(workload:goodput_inference_slo_error_ratio:rate{window})", judged)
               for window in ("30m", "1h", "6h"))]
 
 

@@ -20,7 +20,7 @@ Builders: `catalog_exposition` writes one from mixin/goodput_mixin/rules/engines
 buckets) in the engine's client library's format; `tgi_exposition` is TGI's, as its Rust exporter
 (metrics-exporter-prometheus 0.15) prints it: no `_total` on counters, integer counts, `le` and values in Rust's
 f64 Display (shortest round trip, never an exponent, no ".0" on integers). No real TGI exposition was found
-(tests/inference_engines/PROVENANCE.md), so that one is constructed.
+(tests/serving_corpus/PROVENANCE.md), so that one is constructed.
 """
 
 from __future__ import annotations
@@ -73,12 +73,13 @@ class Chooser:
     """Slopes (per second) and gauge values, drawn from a seeded generator per series, so that a test can compute
     what a rule should give from the numbers alone. All are multiples of 1/4 (integers with `integer`): sums of
     them are exact in floats. `gauges` and `histograms` override by metric name: a gauge's value; a histogram's
-    non-cumulative per-bucket slopes, given its `le` spellings in order."""
+    non-cumulative per-bucket slopes, given its `le` spellings in order; `counters` a counter's slope."""
 
     seed: str
     integer: bool = False
     scale: float = 1.0  # every slope times this (a second replica of a server, twice as busy)
     gauges: dict[str, float] = field(default_factory=dict)
+    counters: dict[str, float] = field(default_factory=dict)  # a counter's slope, by name
     histograms: dict[str, Callable[[list[str]], list[float]]] = field(default_factory=dict)
 
     def _rng(self, *key: object) -> random.Random:
@@ -88,6 +89,8 @@ class Chooser:
         return float(rng.randint(low, high)) if self.integer else rng.randint(low * 4, high * 4) / 4
 
     def counter(self, name: str, labels: Labels) -> float:
+        if name in self.counters:
+            return self.counters[name] * self.scale
         return self._step(self._rng("c", name, labels), 1, 40) * self.scale
 
     def gauge(self, name: str, labels: Labels) -> float:

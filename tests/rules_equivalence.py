@@ -3,15 +3,16 @@ series by series and sample by sample (issue 21). Used by tests/test_rules_equiv
 `.venv/bin/python tests/rules_equivalence.py` prints every difference (`--measured`: the sizes the test holds).
 
 The data (`fleet`) is a small cluster: three nodes of 8 GPUs under the daemon's metric names and labels (a training
-workload of 8 ranks with the flight recorder's series, a second one that starts and ends inside the hour, DCGM ratios
-with one MIG GPU, fabric ports and interfaces, host pressure, the client path's inference series) and vLLM, SGLang
-and TGI pods. Every target is scraped every 30 s with jitter (no sample on the minute grid); node0's scraper is down
-for 6.5 minutes (no sample and no staleness marker: the lookback decides), node1's daemon restarts (failed scrapes,
-`up` 0, its own counters from 0), one GPU's memory grows toward its limit, and faults make every rule and alert
-return something. Staleness markers are where a scraper writes them (a failed scrape; a series a scrape no longer
-has). The same samples go to Prometheus (`promtool tsdb create-blocks-from openmetrics`, the blocks in its data dir
-before it starts) and to VictoriaMetrics (`/api/v1/import/prometheus`, millisecond timestamps); the markers, which
-neither text format carries, by remote write to both (Prometheus with an out-of-order window to take them).
+workload of 8 ranks with the flight recorder's series, a second one that starts and ends inside the hour, DCGM
+ratios with one MIG GPU, fabric ports and interfaces, host pressure, the client path's inference series) and vLLM,
+SGLang, TGI, Triton (TensorRT-LLM, its first-response histogram in ms) and Ray Serve vLLM pods. Every target is
+scraped every 30 s with jitter (no sample on the minute grid); node0's scraper is down for 6.5 minutes (no sample
+and no staleness marker: the lookback decides), node1's daemon restarts (failed scrapes, `up` 0, its own counters
+from 0), one GPU's memory grows toward its limit, and faults make every rule and alert return something. Staleness
+markers are where a scraper writes them (a failed scrape; a series a scrape no longer has). The same samples go to
+Prometheus (`promtool tsdb create-blocks-from openmetrics`, the blocks in its data dir before it starts) and to
+VictoriaMetrics (`/api/v1/import/prometheus`, millisecond timestamps); the markers, which neither text format
+carries, by remote write to both (Prometheus with an out-of-order window to take them).
 
 The recording rules are evaluated from an hour before the compared hour (so the 1h windows over recorded series are
 full), level by level in dependency order (a rule comes a level after every rule recording a name it reads), each
@@ -260,7 +261,11 @@ PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_re
 LABEL_VALUES: dict[str, dict[str, float] | None] = {  # the engines' own labels: value -> share of the requests
     "engine": {"0": 1}, "engine_type": {"unified": 1}, "is_streaming": {"true": 0.7, "false": 0.3},
     "tp_rank": {"0": 1}, "pp_rank": {"0": 1}, "moe_ep_rank": {"0": 1}, "dp_rank": None, "priority": None,
-    "finished_reason": {"stop": 0.8, "length": 0.15, "abort": 0.05}}
+    "finished_reason": {"stop": 0.8, "length": 0.15, "abort": 0.05},
+    # Triton's (its per-kind gauges get the kind the native reads) and Ray's metrics agent's
+    "version": {"1": 1}, "request_type": None, "kv_cache_block_type": None, "reason": None, "err": None,
+    "WorkerId": {"a3c1f09e": 1}, "ReplicaId": None, "NodeAddress": {"10.2.0.15": 1}, "SessionName": {"session_1": 1},
+    "Version": {"2.52.0": 1}, "Component": None}
 # normalized latency signal -> (median s, observations per request)
 LATENCY = {"time_to_first_token": (0.3, 1), "time_per_output_token": (0.035, 1), "inter_token_latency": (0.04, 50),
            "e2e_request_latency": (5.0, 1), "queue_time": (0.05, 1)}
@@ -291,6 +296,8 @@ def fleet(t0: int) -> list[Series]:
     holders[2, 3] = ("", "", "serve", tgi_pod, "tgi", lambda s: True)
     holders[2, 4] = ("chat", "0", "apps", "chat-0", "server", lambda s: True)
     holders[2, 5] = ("", "", "serve", "phi-vllm-0", "vllm", lambda s: True)
+    holders[2, 6] = ("", "", "serve", "gemma-triton-0", "triton", lambda s: True)
+    holders[2, 7] = ("", "", "serve", "raycluster-llm-worker-gpu-8x2wq", "ray-worker", lambda s: True)
 
     def idle(node: int, gpu: int, s: float) -> float:
         holder = holders.get((node, gpu))
@@ -544,6 +551,9 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
 def _label_sets(engine: Engine, native: Native, model: str) -> list[tuple[dict[str, str], float]]:
     """The engine's own label sets on `native`, each with its share of the requests."""
     sets: list[tuple[dict[str, str], float]] = [({}, 1.0)]
+    if native.match:  # one kind of a per-kind gauge family: request_type="active"
+        label, value = native.match.split("=", 1)
+        sets = [({label: value.strip('"')}, 1.0)]
     for label in native.labels:
         values = {model: 1.0} if label == engine.model_label else LABEL_VALUES[label]
         if values is not None:
@@ -556,6 +566,13 @@ def _custom_ttft(engine: Engine) -> Engine:
     natives = engine.signals["time_to_first_token"]
     custom = dataclasses.replace(natives[0], buckets=tuple(b for b in natives[0].buckets if b != 1.0))
     return dataclasses.replace(engine, signals={**engine.signals, "time_to_first_token": (custom, *natives[1:])})
+
+
+def _triton(engine: Engine) -> Engine:
+    """Triton with a first-response histogram (its buckets are set per model): milliseconds, no bound at 1000."""
+    natives = engine.signals["time_to_first_token"]
+    ms = dataclasses.replace(natives[0], buckets=(100.0, 250.0, 500.0, 2500.0, 5000.0))
+    return dataclasses.replace(engine, signals={**engine.signals, "time_to_first_token": (ms, *natives[1:])})
 
 
 def _serving_gauge(signal: str, rate: float, hot: bool, s: float) -> float:
@@ -594,6 +611,12 @@ def _serving(f: Fleet, node2: Target) -> None:
         (_custom_ttft(ENGINES["vllm"]), f.target(15.5, instance="10.2.0.14:8000", job="vllm", namespace="serve",
                                                  pod="phi-vllm-0", container="vllm"),
          "microsoft/Phi-3-mini-4k-instruct", 0.5, False),
+        # Triton with TensorRT-LLM (its TTFT in milliseconds, no per-request TPOT), vLLM under Ray Serve
+        (_triton(ENGINES["triton"]), f.target(8.7, instance="10.2.0.16:8002", job="triton", namespace="serve",
+                                              pod="gemma-triton-0", container="triton"), "ensemble", 1.5, False),
+        (ENGINES["ray_vllm"], f.target(27.1, instance="10.2.0.15:8080", job="ray", namespace="serve",
+                                       pod="raycluster-llm-worker-gpu-8x2wq", container="ray-worker"),
+         "qwen3-8b", 2.5, False),
     ]
     for engine, target, model, base, hot in pods:
         rate, factor = load(base, hot), slow(hot)
@@ -607,9 +630,9 @@ def _serving(f: Fleet, node2: Target) -> None:
                     f.counter(target, native.name, own,
                               lambda s, g=signal, r=rate, h=hot, sh=share: r(s) * sh * _per_request(g, h, s),
                               base=1e5 * share, integer=True)
-                else:
-                    _histogram(f, target, engine, native, own, signal,
-                               lambda s, r=rate, sh=share: r(s) * sh, factor)
+                else:  # a histogram in milliseconds (Triton's) observes the latencies x 1000
+                    _histogram(f, target, engine, native, own, signal, lambda s, r=rate, sh=share: r(s) * sh,
+                               lambda s, fa=factor, u=native.le_per: u * fa(s))
     # the client path: the serving process's own request events, on node2's daemon
     client = {"workload": "chat", "model": "m-chat"}
     rate = load(3.0, False)

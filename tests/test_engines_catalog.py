@@ -1,5 +1,5 @@
 """The serving engines' catalog (mixin/goodput_mixin/rules/engines.py) against its table in docs/ and the real
-expositions under tests/inference_engines/: what the rules read is what the docs say and what engines expose."""
+expositions under tests/serving_corpus/: what the rules read is what the docs say and what engines expose."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from goodput_mixin.rules.engines import ENGINES
 from prometheus_client.parser import text_string_to_metric_families
 
 DOC = (ROOT / "docs" / "inference-engines.md").read_text()
-REAL = sorted((ROOT / "tests" / "inference_engines").glob("*.prom"))
+REAL = sorted((ROOT / "tests" / "serving_corpus").glob("*.prom"))
 
 
 def _section(engine: str) -> str:
@@ -26,7 +26,9 @@ def test_every_native_series_is_in_the_docs_table_as_catalogued(engine: str) -> 
     rows = [line for line in _section(engine).splitlines() if line.startswith("| ")]
     for signal, natives in ENGINES[engine].signals.items():
         for native in natives:
-            (row,) = [r for r in rows if f"`{native.name}`" in r]
+            # a family read once per label value (Triton's gauges) has a row per value: `name{match}`
+            key = f"`{native.name}{{{native.match}}}`" if native.match else f"`{native.name}`"
+            (row,) = [r for r in rows if key in r]
             cells = [c.strip() for c in row.strip("|").split("|")]
             assert cells[0] in (signal, "↳") and cells[2] == native.kind, row
             assert cells[3] == (", ".join(f"`{label}`" for label in native.labels) or "—"), row
@@ -45,7 +47,9 @@ def _families(path) -> dict[str, tuple[str, set[frozenset[str]], set[float]]]:  
             labels.add(frozenset(k for k in sample.labels if k not in ("le", "quantile")))
             if sample.name.endswith("_bucket") and sample.labels.get("le") != "+Inf":
                 bounds.add(float(sample.labels["le"]))
-        name = family.name + ("_total" if family.type == "counter" else "")
+        # prometheus_client's parser adds `_total` to every counter; keep it only where the text has it (C++ and Rust
+        # exporters write none)
+        name = family.name + ("_total" if family.type == "counter" and f"{family.name}_total" in text else "")
         if family.type == "unknown" and family.samples and family.samples[0].name.endswith("_bucket"):
             name = family.samples[0].name.removesuffix("_bucket")
         out[name] = (family.type, labels, bounds)

@@ -4,7 +4,7 @@ must be what the replayed data implies, computed here from the slopes and values
 PromQL).
 
 Targets (tests/inference_replay.py serves them; each counter and histogram part grows linearly, gauges hold):
-- the six real expositions of tests/inference_engines/ (PROVENANCE.md), every line kept, values evolving. They
+- the six real expositions of tests/serving_corpus/ (PROVENANCE.md), every line kept, values evolving. They
   are excerpts: histograms lack buckets, `_count`, or the bucket at an objective's threshold, and what the rules
   cannot derive from them must be absent (no attainment without a count, no met count without the threshold's
   bucket);
@@ -59,6 +59,7 @@ from goodput_mixin.rules.engines import (
     Engine,
     Native,
 )
+from goodput_mixin.rules.inference import candidates
 from goodput_mixin.rules.objectives import resolve
 from goodput_mixin.rules.render import rule_files
 from goodput_mixin.rules.settings import RulesSettings
@@ -82,7 +83,7 @@ SETTINGS = RulesSettings(windows=["20s", "2m"], slow_groups_interval="5s", infer
 SHORT = "20s"
 LONG = ("1m", "2m", "6m")
 CLUSTER = "test"
-ENGINES_DIR = ROOT / "tests" / "inference_engines"
+ENGINES_DIR = ROOT / "tests" / "serving_corpus"
 REL = 1e-6  # relative tolerance; the replayed rates are exact to float rounding
 
 # each engine's objectives as the settings resolve them (TGI's TPOT: its bucket bound nearest 0.1 s), for the
@@ -98,7 +99,7 @@ HISTOGRAMS = {"time_to_first_token": "time_to_first_token_seconds",
 GAUGES = {"requests_running": ("requests_running", "sum"), "requests_waiting": ("requests_waiting", "sum"),
           "kv_cache_usage": ("kv_cache_usage_ratio", "max")}
 COUNTERS = {"preemptions": "preemptions", "prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
-            "requests_finished": "requests"}
+            "requests_finished": "requests", "queue_seconds": "queue_seconds", "compute_seconds": "compute_seconds"}
 KEYS = ("cluster", "namespace", "workload", "model")
 
 # every record name of the inference rules but the serving GPUs' (no GPU is assigned to these servers)
@@ -108,7 +109,9 @@ RECORDS = sorted(
     + [f"{level}:goodput_inference_{name}:rate{SHORT}" for name in COUNTERS.values()
        for level in ("server", "workload")]
     + [f"workload:goodput_inference_{name}_bucket:rate{SHORT}" for name in HISTOGRAMS.values()]
-    + ["workload:goodput_inference_slo_error_budget:ratio", f"workload:goodput_inference_slo_goodput:rate{SHORT}"]
+    + ["workload:goodput_inference_slo_error_budget:ratio", f"workload:goodput_inference_slo_goodput:rate{SHORT}",
+       "workload:goodput_inference_slo_judged_bound_seconds:min",
+       f"workload:goodput_inference_slo_unjudged_requests:rate{SHORT}"]
     + [f"workload:goodput_inference_slo_{kind}:rate{w}" for w in (SHORT, *LONG)
        for kind in ("requests", "met_requests", "attainment_ratio", "joint_attainment_ratio", "error_ratio")])
 
@@ -130,9 +133,9 @@ REAL_FILES = {"vllm-0.10.2": "vllm_v0.10.2-era_pr22227.prom", "vllm-0.5.1": "vll
               "sglang-0.4.9": "sglang_v0.4.9-era_pr7944.prom"}
 
 
-def _real(name: str, engine: Engine, labels: dict[str, str]) -> Target:
+def _real(name: str, engine: Engine, labels: dict[str, str], **chooser: Any) -> Target:
     text = (ENGINES_DIR / REAL_FILES[name]).read_text()
-    return Target(name, engine, Exposition(text, Chooser(name)), {"cluster": CLUSTER, **labels})
+    return Target(name, engine, Exposition(text, Chooser(name, **chooser)), {"cluster": CLUSTER, **labels})
 
 
 def _cumulative_share(threshold: float, below: float, above: float) -> Callable[[list[str]], list[float]]:
@@ -216,7 +219,9 @@ def targets() -> list[Target]:
         _real("vllm-0.5.4", VLLM, {"workload": "qwenvl"}),
         _real("sglang-0.4.4", SGLANG, {"namespace": "serving", "pod": "llama3-0"}),
         _real("sglang-0.4.7", SGLANG, {"workload": "r1"}),
-        _real("sglang-0.4.9", SGLANG, {"workload": "r1"}),
+        # its request count includes its aborted ones (217 and 157 in the paste): the count grows faster
+        _real("sglang-0.4.9", SGLANG, {"workload": "r1"},
+              counters={"sglang:num_requests_total": 30.0, "sglang:num_aborted_requests_total": 20.0}),
         Target("vllm-0.11-a", VLLM, Exposition(vllm_011_text(), vllm_a),
                {"cluster": CLUSTER, "namespace": "llm", "pod": "vllm-0"}),
         Target("vllm-0.11-b", VLLM, Exposition(vllm_011_text(), vllm_b),
@@ -335,36 +340,45 @@ Key = frozenset[tuple[str, str]]
 Expected = dict[str, dict[Key, float]]
 
 
-def _pick(target: Target, natives: tuple[Native, ...], suffix: str, le: float | None = None) -> list[Series]:
+def _pick(target: Target, natives: tuple[Native, ...], suffix: str) -> list[tuple[Native, Series]]:
     """The series of a signal, every name the engine has used, the current one first: an older name's series
-    counts only where no newer name has one with the same labels."""
+    counts only where no newer name has one with the same labels (PromQL's `or`; a native with its own finish reason
+    has labels of its own)."""
     seen: set[Key] = set()
     out = []
     for native in natives:
         for s in target.exposition.series:
-            if s.name != native.name + suffix:
+            if s.name != native.name + suffix or (
+                    native.match and not any(f'{k}="{v}"' == native.match for k, v in s.labels)):
                 continue
-            if le is not None and not math.isclose(le_value(s.label_dict["le"]), le, rel_tol=1e-9):
-                continue
-            key = frozenset(s.labels)
+            key = frozenset(s.labels) | ({("reason", native.reason)} if native.reason else set())
             if key not in seen:
                 seen.add(key)
-                out.append(s)
+                out.append((native, s))
     return out
 
 
-def _normalized(target: Target, natives: tuple[Native, ...], s: Series, keep: tuple[str, ...] = ()) -> dict[str, str]:
+def _slope(target: Target, native: Native, s: Series) -> float:
+    """A counter's rate: its slope, less that of the series `less` names with the same labels (SGLang's aborts)."""
+    less = target.exposition.by_key.get((native.less, s.labels)) if native.less else None
+    return s.slope - (less.slope if less else 0.0)
+
+
+def _normalized(target: Target, native: Native, s: Series, keep: tuple[str, ...] = ()) -> dict[str, str]:
     """A series' labels at the server level: the target's, the engine's own dropped (but those in `keep`), the
-    model label as `model`, the finish reason as `reason`, and `engine` naming the engine."""
+    model label as `model`, the finish reason as `reason` (normalized), and `engine` naming the engine."""
     engine, labels = target.engine, s.label_dict
-    own = {label for n in natives for label in n.labels}
+    own = set(native.labels)
     out = {k: v for k, v in labels.items() if k not in own or k in keep}
     out.update(target.labels)
     out.update(job=target.name, instance=target.instance)
     if engine.model_label and labels.get(engine.model_label):
         out["model"] = labels[engine.model_label]
     if engine.reason_label and labels.get(engine.reason_label):
-        out["reason"] = labels[engine.reason_label]
+        reason = labels[engine.reason_label]
+        out["reason"] = next((new for regex, new in engine.reasons if re.fullmatch(regex, reason)), reason)
+    if native.reason and not out.get("reason"):
+        out["reason"] = native.reason
     out["engine"] = engine.name
     return out
 
@@ -377,12 +391,33 @@ def _key(labels: dict[str, str]) -> Key:
     return frozenset(labels.items())
 
 
+def _met_buckets(target: Target, natives: tuple[Native, ...], threshold: float) -> list[tuple[Native, Series, float]]:
+    """Per histogram series (its labels but `le`): the bucket the rules read for `threshold`, the largest bound at or
+    below it among the candidates, and that bound in seconds; the current name first."""
+    seen: set[Key] = set()
+    out = []
+    for native in natives:
+        bounds = candidates(native, threshold)
+        groups: dict[Key, list[Series]] = defaultdict(list)
+        for s in target.exposition.series:
+            if s.name == native.name + "_bucket" and s.label_dict["le"] != INF and any(
+                    math.isclose(le_value(s.label_dict["le"]), b, rel_tol=1e-9) for b in bounds):
+                groups[frozenset((k, v) for k, v in s.labels if k != "le")].append(s)
+        for key, found in groups.items():
+            if key not in seen:
+                seen.add(key)
+                top = max(found, key=lambda s: le_value(s.label_dict["le"]))
+                out.append((native, top, le_value(top.label_dict["le"]) / native.le_per))
+    return out
+
+
 def engines_expected(all_targets: list[Target]) -> Expected:
     """Every series the inference rules should record from the engines' targets, with its value (the long windows'
     request rates are not here: they average the 20 s ones since the start)."""
     out: Expected = defaultdict(dict)
     gauges: dict[str, dict[Key, list[float]]] = defaultdict(lambda: defaultdict(list))
     sums: dict[str, dict[Key, float]] = defaultdict(lambda: defaultdict(float))
+    bounds: dict[Key, list[float]] = defaultdict(list)
 
     def add(record: str, labels: dict[str, str], value: float) -> None:
         sums[record][_key(labels)] += value
@@ -390,27 +425,29 @@ def engines_expected(all_targets: list[Target]) -> Expected:
     for t in all_targets:
         signals = t.engine.signals
         for signal, (name, fn) in GAUGES.items():
-            for s in _pick(t, signals.get(signal, ()), ""):
-                labels = _normalized(t, signals[signal], s)
+            for native, s in _pick(t, signals.get(signal, ()), ""):
+                labels = _normalized(t, native, s)
                 gauges[f"server:goodput_inference_{name}:{fn}"][_key(labels)].append(s.value)
         for signal, name in COUNTERS.items():
-            for s in _pick(t, signals.get(signal, ()), ""):
-                labels = _normalized(t, signals[signal], s)
-                add(f"server:goodput_inference_{name}:rate{SHORT}", labels, s.slope)
+            for native, s in _pick(t, signals.get(signal, ()), ""):
+                labels = _normalized(t, native, s)
+                add(f"server:goodput_inference_{name}:rate{SHORT}", labels, _slope(t, native, s) / native.per)
                 add(f"workload:goodput_inference_{name}:rate{SHORT}",
-                    _workload(labels, *(("reason",) if name == "requests" else ())), s.slope)
+                    _workload(labels, *(("reason",) if name == "requests" else ())), _slope(t, native, s) / native.per)
         for signal, name in HISTOGRAMS.items():
-            for s in _pick(t, signals.get(signal, ()), "_bucket"):
-                labels = {**_workload(_normalized(t, signals[signal], s)), "le": s.label_dict["le"]}
+            natives = tuple(n for n in signals.get(signal, ()) if n.le_per == 1)
+            for native, s in _pick(t, natives, "_bucket"):
+                labels = {**_workload(_normalized(t, native, s)), "le": s.label_dict["le"]}
                 add(f"workload:goodput_inference_{name}_bucket:rate{SHORT}", labels, s.slope)
         for objective, threshold in THRESHOLDS[t.engine.name].items():
             natives = signals[SIGNALS[objective]]
-            for s in _pick(t, natives, "_count"):
+            for native, s in _pick(t, natives, "_count"):
                 add(f"workload:goodput_inference_slo_requests:rate{SHORT}",
-                    {**_workload(_normalized(t, natives, s)), "objective": objective}, s.slope)
-            for s in _pick(t, natives, "_bucket", le=threshold):
-                add(f"workload:goodput_inference_slo_met_requests:rate{SHORT}",
-                    {**_workload(_normalized(t, natives, s)), "objective": objective}, s.slope)
+                    {**_workload(_normalized(t, native, s)), "objective": objective}, s.slope)
+            for native, s, bound in _met_buckets(t, natives, threshold):
+                labels = {**_workload(_normalized(t, native, s)), "objective": objective}
+                add(f"workload:goodput_inference_slo_met_requests:rate{SHORT}", labels, s.slope)
+                bounds[_key(labels)].append(bound)
     for record, groups in gauges.items():  # each server's, then each served model's, by the same function
         fn = max if record.endswith(":max") else sum
         by_workload: dict[Key, list[float]] = defaultdict(list)
@@ -420,18 +457,34 @@ def engines_expected(all_targets: list[Target]) -> Expected:
         out[record.replace("server:", "workload:")].update({k: fn(v) for k, v in by_workload.items()})
     for record, groups in sums.items():
         out[record].update(groups)
+    out["workload:goodput_inference_slo_judged_bound_seconds:min"] = {k: min(v) for k, v in bounds.items()}
 
     requests, met = out[f"workload:goodput_inference_slo_requests:rate{SHORT}"], \
         out[f"workload:goodput_inference_slo_met_requests:rate{SHORT}"]
     for key in requests:
         budget = 1 - OBJECTIVES[dict(key)["engine"]].target
         out["workload:goodput_inference_slo_error_budget:ratio"][_key(_workload(dict(key)))] = budget
+    # the finished requests, aborted ones out; those of an objective nothing judges are unjudged
+    finished: dict[Key, float] = defaultdict(float)
+    for key, value in out[f"workload:goodput_inference_requests:rate{SHORT}"].items():
+        labels = dict(key)
+        if labels.pop("reason", "") != "abort":
+            finished[_key(labels)] += value
+    unknown: set[Key] = set()
+    for group, value in finished.items():
+        for objective in SIGNALS:
+            if value > 0 and _key({**dict(group), "objective": objective}) not in requests:
+                out[f"workload:goodput_inference_slo_unjudged_requests:rate{SHORT}"][
+                    _key({**dict(group), "objective": objective})] = value
+                unknown.add(group)
     attainment: dict[Key, dict[str, float]] = defaultdict(dict)
     counts: dict[Key, dict[str, tuple[float, float]]] = defaultdict(dict)  # objective -> (judged, met) per second
     for key, judged in requests.items():
-        if key in met and judged > 0:
-            labels = dict(key)
-            objective = labels.pop("objective")
+        labels = dict(key)
+        objective = labels.pop("objective")
+        if key not in met:  # judged, with no bucket at or below the threshold: unmeasured
+            unknown.add(_key(labels))
+        elif judged > 0:
             attainment[_key(labels)][objective] = met[key] / judged
             counts[_key(labels)][objective] = (judged, met[key])
     for window in (SHORT, *LONG):
@@ -440,6 +493,8 @@ def engines_expected(all_targets: list[Target]) -> Expected:
             for objective, a in figures.items():
                 out[f"workload:goodput_inference_slo_attainment_ratio:rate{window}"][
                     _key({**labels, "objective": objective})] = a
+            if group in unknown:  # an objective nothing judges: no joint figure, no goodput
+                continue
             # the bounds from counts: N requests judged on either objective, m missing each; those that missed
             # either are at least max(m) and at most sum(m) (steady rates: every window's ratios are the same)
             judged_met = [v for objective, v in counts[group].items() if objective in ("ttft", "tpot")]
@@ -450,10 +505,10 @@ def engines_expected(all_targets: list[Target]) -> Expected:
             out[joint][_key({**labels, "bound": "lower"})] = lower
             out[joint][_key({**labels, "bound": "upper"})] = upper
             out[f"workload:goodput_inference_slo_error_ratio:rate{window}"][group] = 1 - upper
-            # the judged requests (the larger count of the objectives') times the lower bound; never the finished
-            # ones, some of which were never judged (aborted before a first token)
-            if window == SHORT:
-                out[f"workload:goodput_inference_slo_goodput:rate{SHORT}"][group] = n * lower
+            # the judged requests (the larger count of the objectives') times the lower bound, never more than the
+            # finished ones (aborted ones out)
+            if window == SHORT and group in finished:
+                out[f"workload:goodput_inference_slo_goodput:rate{SHORT}"][group] = min(n * lower, finished[group])
     return out
 
 
@@ -655,7 +710,10 @@ def test_every_engine_series_is_what_the_replayed_data_implies(live: Live, recor
 def test_what_an_engine_lacks_is_not_recorded(live: Live) -> None:
     """The main comparison covers this (exact label sets); here the cases by name."""
     tgi = 'engine="tgi"'
-    assert not live.query(f'{{__name__=~"(server|workload):goodput_inference_.*", {tgi}, objective="ttft"}}')
+    # TGI cannot judge TTFT: its finished requests are unjudged on it, and it has no joint figure nor goodput
+    ttft = live.query(f'{{__name__=~"(server|workload):goodput_inference_.*", {tgi}, objective="ttft"}}')
+    assert [r["metric"]["__name__"] for r in ttft] == [f"workload:goodput_inference_slo_unjudged_requests:rate{SHORT}"]
+    assert not live.record(f"workload:goodput_inference_slo_goodput:rate{SHORT}", tgi)
     for name in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket"):
         assert not live.record(f"workload:goodput_inference_{name}:rate{SHORT}", tgi)
     assert not live.record("server:goodput_inference_kv_cache_usage_ratio:max", tgi)
@@ -670,8 +728,10 @@ def test_what_an_engine_lacks_is_not_recorded(live: Live) -> None:
     (kv,) = live.record("workload:goodput_inference_kv_cache_usage_ratio:max", v0).values()
     v0_target = next(t for t in live.targets if t.name == "vllm-v0")
     assert kv == v0_target.exposition.by_key[("vllm:gpu_cache_usage_perc", (("model_name", "mistral-7b"),))].value
-    bounds = live.record(f"workload:goodput_inference_slo_joint_attainment_ratio:rate{SHORT}", v0)
-    assert len(set(bounds.values())) == 1 and len(bounds) == 2  # lower = upper = the TTFT attainment
+    # it cannot judge TPOT: no joint figure (it would count TPOT as met), its finished requests unjudged on TPOT
+    assert not live.record(f"workload:goodput_inference_slo_joint_attainment_ratio:rate{SHORT}", v0)
+    assert {dict(k)["objective"] for k in live.record(f"workload:goodput_inference_slo_unjudged_requests:rate{SHORT}",
+                                                      v0)} == {"tpot"}
 
     # vLLM 0.11 shows both inter-token names on one engine: the new one's slopes, not both added
     pods = [t for t in live.targets if t.name.startswith("vllm-0.11")]
@@ -684,7 +744,12 @@ def test_what_an_engine_lacks_is_not_recorded(live: Live) -> None:
                           f'namespace="llm", le="{INF}"').values()
     assert _close(rate, new)
 
-    # excerpts: a met count without a count (vLLM 0.10.2), a count without the threshold's bucket (SGLang 0.4.7)
+    # vLLM 0.5.1's excerpt stops at le="0.06": judged there, the nearest bound below 1.0 s, and that bound exposed
+    (bound,) = live.record("workload:goodput_inference_slo_judged_bound_seconds:min", 'workload="hermes"').values()
+    assert bound == 0.06
+
+    # excerpts: a met count without a count (vLLM 0.10.2), a count without a bucket at or below the threshold
+    # (SGLang 0.4.7)
     for selector in ('namespace="serving", model="/home/jovyan/qwen3-8b"', 'workload="r1"'):
         assert live.record(f"workload:goodput_inference_slo_requests:rate{SHORT}", selector) or \
             live.record(f"workload:goodput_inference_slo_met_requests:rate{SHORT}", selector)

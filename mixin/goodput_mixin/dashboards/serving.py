@@ -115,6 +115,18 @@ def build(names: Names) -> Dashboard:
         "requests. The gap is requests served too slowly: load (the queue below) or slow decode steps (time per "
         "output token, the GPUs underneath).",
         "reqps", [(slo_goodput, MODEL + " SLO goodput"), (throughput, MODEL + " throughput")]))
+    d = d.with_panel(timeseries_panel(
+        "Requests no histogram judges", "Requests per second each model finished (aborted ones out) with nothing to "
+        "judge an objective on: its engine has no histogram for it (TGI: time to first token; Triton, vLLM before "
+        "0.11, SGLang before 0.5.22: time per output token). Such a model has no joint attainment, SLO goodput or "
+        "burn rate rather than one counting the objective as met; GoodputInferenceSLOUnmeasured fires.",
+        "reqps", [(f"workload:goodput_inference_slo_unjudged_requests:rate{short}{f()}", MODEL + " {{objective}}")]))
+    d = d.with_panel(timeseries_panel(
+        "Bucket each objective is judged at", "The histogram bound each objective is read at, per model: the "
+        "objective itself where the engine has that bucket, else the nearest bound below it that its scrape has "
+        "(older or custom buckets). Below the objective, attainment is a lower bound: requests between the two "
+        "count as missed.",
+        "s", [(f"workload:goodput_inference_slo_judged_bound_seconds:min{f()}", MODEL + " {{objective}}")]))
     d = d.with_row(row("Error budget burn"))
     for name, (low, high), rate in (("Fast", fast, s.inference_slo_fast_burn_rate),
                                     ("Slow", slow, s.inference_slo_slow_burn_rate)):
@@ -170,6 +182,14 @@ def build(names: Names) -> Dashboard:
         "short", [(f"{names.rule('workload', 'goodput_inference_prompt_tokens', 'rate')}{f()}", MODEL + " prompt"),
                   (f"{names.rule('workload', 'goodput_inference_generation_tokens', 'rate')}{f()}",
                    MODEL + " generation")]))
+    d = d.with_panel(timeseries_panel(
+        "Queue and compute time per request", "Seconds each finished request spent queued and executing, on "
+        "average over the short window, from engines that count the time itself (Triton's cumulative queue and "
+        "compute microseconds). The others' queue time is the histogram above.",
+        "s", [(f"{names.rule('workload', 'goodput_inference_queue_seconds', 'rate')}{f()}\n  / {throughput}",
+               MODEL + " queue"),
+              (f"{names.rule('workload', 'goodput_inference_compute_seconds', 'rate')}{f()}\n  / {throughput}",
+               MODEL + " compute")]))
     d = d.with_panel(timeseries_panel(
         "Finished requests by reason", "Requests per second that finished, by the engine's finish reason: stop "
         "(end of sequence), length (max tokens), abort (the client went away: often a timeout on a slow "

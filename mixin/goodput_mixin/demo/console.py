@@ -19,6 +19,7 @@ from .stack import SERVING, WORKLOAD, Ports, Stack, StackError
 FAULTS = ("straggler", "stall", "skip", "crash", "xid", "row_remap_pending", "pcie_degraded", "nvlink_errors",
           "link_down", "link_flap", "symbol_errors", "congestion", "link_degraded", "overload")
 OVERLOAD = 8.0  # times the serving engine's normal arrival rate
+ENGINE_TITLES = {"vllm": "vLLM's", "triton": "Triton's with TensorRT-LLM"}
 # the GPU each GPU fault hits (ranks hold GPUs 0 to ranks-1; a fault on a held GPU shows on the job's dashboards)
 FAULT_GPU = {"xid": 0, "row_remap_pending": 1, "pcie_degraded": 2, "nvlink_errors": 3}
 # the NIC each fabric fault hits (NIC i shares a PCIe switch with GPU i)
@@ -142,6 +143,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--fault-after", type=float, default=30.0, help="seconds before the first fault (default 30)")
     parser.add_argument("--fault-seconds", type=float, default=60.0,
                         help="each fault lasts this long, then the next one starts (default 60)")
+    parser.add_argument("--serving-engine", choices=("vllm", "triton"), default="vllm",
+                        help="whose metrics the simulated serving engine serves: vLLM's, or Triton Inference "
+                             "Server's with the TensorRT-LLM backend (default vllm)")
     parser.add_argument("--workdir", default="/tmp/goodput-exporter-demo",
                         help="configs, data and logs of the stack; emptied first")
     args = parser.parse_args(argv)
@@ -156,7 +160,8 @@ def main(argv: Sequence[str]) -> int:
     workdir = Path(args.workdir)
     shutil.rmtree(workdir, ignore_errors=True)
     ports = Ports(port, args.prometheus_port, args.alertmanager_port)  # the serving engine: any free port
-    stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks, nodes=args.nodes)
+    stack = Stack(workdir, ports, gpus=args.gpus, ranks=args.ranks, nodes=args.nodes,
+                  serving_engines=(args.serving_engine,))
     try:
         stack.start()
     except StackError as exc:
@@ -165,7 +170,7 @@ def main(argv: Sequence[str]) -> int:
     urls = stack.urls
     gpus = f"{args.nodes} nodes of {args.gpus}" if args.nodes > 1 else f"{args.gpus}"
     print(f"""goodput-exporter demo: {gpus} simulated GPUs, simulated job {WORKLOAD!r} with {args.ranks} ranks,
-simulated serving engine {SERVING!r} (vLLM's metrics) on the next GPUs
+simulated serving engine {SERVING!r} ({ENGINE_TITLES[args.serving_engine]} metrics) on the next GPUs
   metrics        {'  '.join(f"{node.url}/metrics" for node in stack.nodes)}
   serving        {urls['serving']}/metrics
   prometheus     {urls['prometheus']}/alerts   (rules: {workdir}/rules, fast demo settings)

@@ -1,5 +1,6 @@
 """A simulated serving engine for the demo: serves vLLM's metrics (its current names, labels and buckets, from
-`rules/engines.py`) on /metrics, with latencies that follow a load model, and takes the `overload` fault.
+`rules/engines.py`), or Triton Inference Server's with the TensorRT-LLM backend (`--engine triton`), on /metrics, with
+latencies that follow a load model, and takes the `overload` fault.
 
 The model, stepped every TICK seconds: requests arrive as a Poisson process; the scheduler admits waiting requests
 while fewer than MAX_RUNNING run and their KV cache (prompt plus generated tokens) fits; a running request's first
@@ -8,8 +9,12 @@ share the batch. When the KV cache overflows, the request admitted last is preem
 as vLLM's recompute preemption does. Under overload, arrivals outrun the batch: the queue grows, time to first
 token grows with it, the KV cache fills and preemptions start.
 
-Run as its own process (`python -m goodput_mixin.demo.simserve --port N`) so that the GPUs it holds are
-attributed to it; `POST /load?factor=F` scales the arrival rate (the demo's `overload` fault is 8x).
+Both expositions are peers behind one interface (`running`, `waiting`, `kv`, ... and `finished_as(reason)`); what an
+engine does not export (Triton: tokens, preemptions, per-request time per output token, inter-token and end-to-end
+latency) is a no-op there, as on the real engine.
+
+Run as its own process (`python -m goodput_mixin.demo.simserve --port N [--engine triton]`) so that the GPUs it holds
+are attributed to it; `POST /load?factor=F` scales the arrival rate (the demo's `overload` fault is 8x).
 """
 
 from __future__ import annotations
@@ -49,6 +54,19 @@ class _Request:
     first_token: float | None = None
     generated: float = 0.0  # fractional: a step spans ticks
     last_token: float = 0.0
+
+
+class _Absent:
+    """A series the engine does not export: observing it does nothing."""
+
+    def observe(self, value: float) -> None:
+        pass
+
+    def inc(self, value: float = 1.0) -> None:
+        pass
+
+    def set(self, value: float) -> None:
+        pass
 
 
 class _Metrics:
@@ -100,10 +118,123 @@ class _Metrics:
     def finished_as(self, reason: str):  # type: ignore[no-untyped-def]
         return self._finished.labels(**self._finished_labels, **{self._reason: reason})
 
+    def compute(self, seconds: float) -> None:
+        """A request's time in the running batch: vLLM has no counter of it (its histograms split it)."""
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _Value:
+    """One Triton series: a counter or gauge value (prometheus-cpp writes no `_total`, and integers as integers)."""
+
+    def __init__(self, scale: float = 1.0) -> None:
+        self.value = 0.0
+        self.scale = scale  # the unit per second observed: microseconds 1e6
+
+    def inc(self, value: float = 1.0) -> None:
+        self.value += value * self.scale
+
+    def observe(self, value: float) -> None:
+        self.inc(value)
+
+    def set(self, value: float) -> None:
+        self.value = value
+
+
+class _MsHistogram:
+    """Triton's first-response histogram: seconds observed, milliseconds exposed."""
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, seconds: float) -> None:
+        ms = seconds * 1000.0
+        self.total += ms
+        for i, bound in enumerate((*self.bounds, math.inf)):
+            if ms <= bound:
+                self.counts[i] += 1
+
+
+# the first-response histogram's buckets are set per model (model_metrics histogram_options); the demo's model sets
+# these milliseconds, with a bound at the 1 s objective
+TRITON_FIRST_RESPONSE_MS = (50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
+TRITON_KV_BLOCKS = 2000  # KV cache blocks of the demo's engine (used ones from the simulated token count)
+
+
+class _TritonMetrics:
+    """Triton Inference Server's series with the TensorRT-LLM backend (ENGINES['triton']): the core's per-model
+    counters and first-response histogram (model "ensemble", the pipeline clients call) and the backend's in-flight
+    batcher and KV-cache gauges (model "tensorrt_llm"), as prometheus-cpp prints them."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self.success, self.failure, self.canceled = _Value(), _Value(), _Value()
+        self.queue, self._compute = _Value(1e6), _Value(1e6)  # microseconds
+        self.pending, self.running, self.waiting, self.kv = _Value(), _Value(), _Value(), _Value()
+        self.ttft = _MsHistogram(TRITON_FIRST_RESPONSE_MS)
+        self.preemptions = self.prompt_tokens = self.generation_tokens = _Absent()
+        self.tpot = self.itl = self.e2e = _Absent()
+
+    def finished_as(self, reason: str) -> _Value:
+        return {"stop": self.success, "length": self.success, "abort": self.canceled}.get(reason, self.failure)
+
+    def compute(self, seconds: float) -> None:
+        self._compute.inc(seconds)
+
+    def render(self) -> bytes:
+        core = f'model="{self.model}",version="1"'
+        trt = 'model="tensorrt_llm",version="1"'
+
+        def num(value: float) -> str:
+            return str(int(value)) if value == int(value) else repr(value)
+
+        used = round(self.kv.value * TRITON_KV_BLOCKS)
+        lines = [
+            "# HELP nv_inference_request_success Number of successful inference requests, all batch sizes",
+            "# TYPE nv_inference_request_success counter",
+            f"nv_inference_request_success{{{core}}} {num(self.success.value)}",
+            "# HELP nv_inference_request_failure Number of failed inference requests, all batch sizes",
+            "# TYPE nv_inference_request_failure counter",
+            f'nv_inference_request_failure{{{core},reason="CANCELED"}} {num(self.canceled.value)}',
+            f'nv_inference_request_failure{{{core},reason="BACKEND"}} {num(self.failure.value)}',
+            "# HELP nv_inference_queue_duration_us Cumulative inference queuing duration in microseconds",
+            "# TYPE nv_inference_queue_duration_us counter",
+            f"nv_inference_queue_duration_us{{{core}}} {num(round(self.queue.value))}",
+            "# HELP nv_inference_compute_infer_duration_us Cumulative compute inference duration in microseconds",
+            "# TYPE nv_inference_compute_infer_duration_us counter",
+            f"nv_inference_compute_infer_duration_us{{{core}}} {num(round(self._compute.value))}",
+            "# HELP nv_inference_pending_request_count Instantaneous number of pending requests awaiting execution",
+            "# TYPE nv_inference_pending_request_count gauge",
+            f"nv_inference_pending_request_count{{{core}}} {num(self.waiting.value)}",
+            "# HELP nv_inference_first_response_histogram_ms Duration from request to first response in milliseconds",
+            "# TYPE nv_inference_first_response_histogram_ms histogram",
+            *(f'nv_inference_first_response_histogram_ms_bucket{{{core},le="{num(bound)}"}} {count}'
+              for bound, count in zip(self.ttft.bounds, self.ttft.counts, strict=False)),
+            f'nv_inference_first_response_histogram_ms_bucket{{{core},le="+Inf"}} {self.ttft.counts[-1]}',
+            f"nv_inference_first_response_histogram_ms_sum{{{core}}} {num(round(self.ttft.total, 3))}",
+            f"nv_inference_first_response_histogram_ms_count{{{core}}} {self.ttft.counts[-1]}",
+            "# HELP nv_trt_llm_request_metrics TRT LLM request metrics",
+            "# TYPE nv_trt_llm_request_metrics gauge",
+            *(f'nv_trt_llm_request_metrics{{{trt},request_type="{kind}"}} {num(value)}' for kind, value in (
+                ("active", self.running.value), ("waiting", self.waiting.value), ("max", MAX_RUNNING))),
+            "# HELP nv_trt_llm_kv_cache_block_metrics TRT LLM KV cache block metrics",
+            "# TYPE nv_trt_llm_kv_cache_block_metrics gauge",
+            *(f'nv_trt_llm_kv_cache_block_metrics{{{trt},kv_cache_block_type="{kind}"}} {num(value)}'
+              for kind, value in (("max", TRITON_KV_BLOCKS), ("used", used), ("free", TRITON_KV_BLOCKS - used),
+                                  ("fraction", used / TRITON_KV_BLOCKS))),
+        ]
+        return ("\n".join(lines) + "\n").encode()
+
+
+EXPOSITIONS = {"vllm": _Metrics, "triton": _TritonMetrics}
+
 
 class SimulatedServer:
-    def __init__(self, model: str = MODEL, seed: int = 7) -> None:
-        self.metrics = _Metrics(model)
+    def __init__(self, model: str = MODEL, seed: int = 7, engine: str = "vllm") -> None:
+        self.metrics: _Metrics | _TritonMetrics = EXPOSITIONS[engine](model)
         self.load = 1.0
         self._rng = random.Random(seed)
         self._waiting: deque[_Request] = deque()
@@ -172,6 +303,7 @@ class SimulatedServer:
             self._running.remove(request)
             assert request.first_token is not None
             m.e2e.observe(now - request.arrived)
+            m.compute(now - request.admitted)
             m.tpot.observe((now - request.first_token) / max(1, request.output - 1))
             m.prompt_tokens.inc(request.prompt)
             m.generation_tokens.inc(request.output)
@@ -189,7 +321,7 @@ class SimulatedServer:
 
     def exposition(self) -> bytes:
         with self._lock:
-            return generate_latest(self.metrics.registry)
+            return self.metrics.render()
 
 
 def serve(server: SimulatedServer, host: str, port: int) -> ThreadingHTTPServer:
@@ -231,8 +363,10 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--engine", choices=sorted(EXPOSITIONS), default="vllm",
+                        help="whose metrics it serves: vLLM's or Triton's with TensorRT-LLM (default vllm)")
     args = parser.parse_args()
-    server = SimulatedServer(args.model).start()
+    server = SimulatedServer(args.model, engine=args.engine).start()
     httpd = serve(server, args.host, args.port)
     try:
         threading.Event().wait()

@@ -68,8 +68,10 @@ DEMO_SETTINGS = RulesSettings(
     bottleneck_gpu_recent_window="1m")
 WORKLOAD = "demo-job"
 SERVING = "demo-serve"  # the serving engine's workload: its process's TORCHELASTIC_RUN_ID, and its scrape's label
-SERVING_JOB = "vllm"
 SERVING_GPUS = 2  # the serving engine holds the first two GPUs the job leaves; any others stay unallocated
+# a second simulated engine beside the first (Stack(serving_engines=...)): its workload; it holds the GPU after the
+# first engine's. Each engine's scrape job is its engine's name (vllm, triton).
+SECOND_SERVING = "demo-serve-2"
 CLUSTER = "demo"
 
 
@@ -98,6 +100,7 @@ class Ports:
     prometheus: int
     alertmanager: int
     serving: int = 0  # 0 here and below: any free port
+    serving_second: int = 0  # a second simulated engine, where the stack runs two
     # the remote-write side (Stack(remote_write=True))
     victoria: int = 0
     agent: int = 0
@@ -149,10 +152,15 @@ class Stack:
     def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
                  webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS,
                  nics: int | None = None, remote_write: bool = False, nodes: int = 1, job: bool = True,
-                 serving: bool = True) -> None:
+                 serving: bool = True, serving_engines: tuple[str, ...] = ("vllm",)) -> None:
+        """`serving_engines`: whose metrics the simulated serving engine serves (vllm, triton); a second one runs
+        beside the first, as its own workload on the next GPU."""
         if nodes < 1:
             raise StackError(f"nodes={nodes}: at least one")
+        if not 1 <= len(serving_engines) <= 2:
+            raise StackError("serving_engines: one or two of vllm, triton")
         self.workdir = Path(workdir)
+        self.serving_engines = serving_engines
         self.ports = ports
         self.remote_write = remote_write
         self.ranks = ranks
@@ -188,6 +196,7 @@ class Stack:
                 "prometheus": f"http://127.0.0.1:{self.ports.prometheus}",
                 "alertmanager": f"http://127.0.0.1:{self.ports.alertmanager}",
                 "serving": f"http://127.0.0.1:{self.ports.serving}",
+                "serving_second": f"http://127.0.0.1:{self.ports.serving_second}",
                 "victoria": f"http://127.0.0.1:{self.ports.victoria}",
                 "vmalert": f"http://127.0.0.1:{self.ports.vmalert}",
                 "vm_alertmanager": f"http://127.0.0.1:{self.ports.vm_alertmanager}"}
@@ -267,16 +276,32 @@ class Stack:
         node.server.start()
         self._wait_ready(f"exporter of node {node.index}", f"{node.url}/readyz")
 
+    def _servers(self) -> list[tuple[str, str, str, int, range]]:
+        """(engine, workload, scrape job, port, GPUs) of each simulated serving engine."""
+        first = range(self.ranks, min(self.ranks + SERVING_GPUS, self.gpus.count))
+        out = [(self.serving_engines[0], SERVING, self.serving_engines[0], self.ports.serving, first)]
+        if len(self.serving_engines) > 1:
+            if self.serving_engines[1] == self.serving_engines[0]:
+                raise StackError("serving_engines: two different engines")
+            out.append((self.serving_engines[1], SECOND_SERVING, self.serving_engines[1], self.ports.serving_second,
+                        range(first.stop, min(first.stop + 1, self.gpus.count))))
+        return out
+
     def _start_serving(self) -> None:
-        """The simulated engine, in a process of its own whose launcher variable names its workload, holding up to
-        SERVING_GPUS of the GPUs the job's ranks leave (the process source attributes them to it)."""
-        env = {**os.environ, "TORCHELASTIC_RUN_ID": SERVING}
-        self._spawn("serving", [sys.executable, "-m", "goodput_mixin.demo.simserve",
-                                "--port", str(self.ports.serving)], env=env)
-        self._serving = self._procs[-1]
-        self._wait_ready("serving", f"{self.urls['serving']}/metrics")
-        for gpu in range(self.ranks, min(self.ranks + SERVING_GPUS, self.gpus.count)):
-            self.gpus.attach_process(gpu, self._serving.pid)
+        """Each simulated engine, in a process of its own whose launcher variable names its workload, holding up to
+        SERVING_GPUS of the GPUs the job's ranks leave (the second one the next GPU; the process source attributes
+        them to it)."""
+        for i, (engine, workload, _, port, gpus) in enumerate(self._servers()):
+            env = {**os.environ, "TORCHELASTIC_RUN_ID": workload}
+            name = "serving" if i == 0 else "serving_second"
+            self._spawn(name, [sys.executable, "-m", "goodput_mixin.demo.simserve", "--port", str(port),
+                               "--engine", engine], env=env)
+            process = self._procs[-1]
+            if i == 0:
+                self._serving = process
+            self._wait_ready(name, f"{self.urls[name]}/metrics")
+            for gpu in gpus:
+                self.gpus.attach_process(gpu, process.pid)
 
     def overload(self, factor: float) -> None:
         """Scale the serving engine's arrival rate (1: its normal load)."""
@@ -316,11 +341,11 @@ class Stack:
         return [
             {"job_name": self.settings.exporter_job, "static_configs": [
                 {"targets": [node.instance for node in self.nodes], "labels": cluster}]},
-            # the serving engine, as a bare-metal scrape names it: its workload (the name the process source gives
+            # each serving engine, as a bare-metal scrape names it: its workload (the name the process source gives
             # the GPUs it holds) as a target label, for the rules' join to its GPUs
-            *([{"job_name": SERVING_JOB, "static_configs": [
-                {"targets": [f"127.0.0.1:{self.ports.serving}"], "labels": {**cluster, "workload": SERVING}}]}]
-              if self.with_serving else []),
+            *({"job_name": job, "static_configs": [
+                {"targets": [f"127.0.0.1:{port}"], "labels": {**cluster, "workload": workload}}]}
+              for _, workload, job, port, _ in (self._servers() if self.with_serving else [])),
         ]
 
     def _start_prometheus(self) -> None:

@@ -13,6 +13,12 @@ named in `Engine.version` (and, for the renamed or older names, at the release n
   `router/src/validation.rs`, `backends/v3/src/{backend,queue,lib}.rs`), v1.0.0 to v3.3.7, and the exposition code
   of the Rust crate it uses, metrics-exporter-prometheus 0.15.3 (metrics-rs/metrics, `src/recorder.rs`,
   `src/formatting.rs`).
+- vLLM under Ray Serve: vLLM's own names (above) through `vllm/v1/metrics/ray_wrappers.py`, with the prefix and
+  labels Ray's metrics agent adds, as Ray's Serve LLM Grafana panels query them
+  (`python/ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py`). No real scrape was found.
+- Triton Inference Server: triton-inference-server/core `src/metric_model_reporter.cc` and the server's
+  `docs/user_guide/metrics.md` (r24.04); the TensorRT-LLM backend's `nv_trt_llm_*` gauges from its README's sample
+  output (tensorrtllm_backend `README.md`, "Triton Metrics") and `inflight_batcher_llm/src/custom_metrics_reporter`.
 
 Conventions: `Native.name` is the series name as a scrape shows it: counters with the `_total` that the Python
 client (prometheus_client) appends to every counter, whether or not the source spelled it (vLLM renamed
@@ -48,6 +54,13 @@ class Native:
     buckets: tuple[float, ...] = ()  # histogram upper bounds (default), without +Inf, as in the source
     note: str = ""  # observation rule (per request / per token), version history, caveats
     source: str = ""  # "path/in/repo@tag" where it was read
+    match: str = ""  # extra matchers selecting its series (Triton's one family per gauge: request_type="active")
+    over: str = ""  # a gauge read as a ratio: matchers of the same family's denominator (used over max blocks)
+    reason: str = ""  # requests_finished: the normalized finish reason of its series that name none themselves
+    less: str = ""  # requests_finished: a counter (same labels) whose rate is taken off its own (SGLang's aborts)
+    per: float = 1.0  # its value's unit per the normalized one: Triton's microsecond counters 1e6
+    le_per: float = 1.0  # its bucket bounds' unit per second: Triton's millisecond histogram 1e3
+    older: tuple[tuple[float, ...], ...] = ()  # earlier releases' default bucket lists (their bounds judge too)
 
 
 @dataclass(frozen=True)
@@ -61,6 +74,8 @@ class Engine:
     le_format: str  # how its client library writes `le`: "python" or "rust" (see the module docstring)
     signals: dict[str, tuple[Native, ...]]  # normalized signal -> natives giving it: current name, then older ones
     reason_label: str | None = None  # label on the finished-requests counter naming why a request finished
+    reasons: tuple[tuple[str, str], ...] = ()  # (regex of the engine's reason values, the normalized reason)
+    yields_to: str = ""  # a native series of another engine: a target exposing it is that engine's, not this one's
 
 
 # --- vLLM ---------------------------------------------------------------------------------------------------------
@@ -187,7 +202,7 @@ VLLM = Engine(
                    "_update_stats_from_finished, so they may not be counted.",
                    f"{_VLLM}; vllm/v1/engine/__init__.py@v0.33.0; vllm/v1/engine/output_processor.py@v0.33.0"),
         ),
-    }, reason_label="finished_reason")
+    }, reason_label="finished_reason", reasons=(("repetition", "stop"),))
 
 
 # --- SGLang -------------------------------------------------------------------------------------------------------
@@ -247,7 +262,11 @@ SGLANG = Engine(
                    "0.4.3 (0.1, 0.25, 0.5, 0.75, 1, 2, 5, 10, 20, 40, 60, 80, 120, 160); 0.4.4 (0.1, 0.3, 0.5, 0.7, "
                    "0.9, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 120, 160). is_streaming (true|false) since 0.5.17; "
                    "engine_type since 0.5.11.",
-                   f"{_SG}; python/sglang/srt/managers/tokenizer_manager.py@v0.5.23"),
+                   f"{_SG}; python/sglang/srt/managers/tokenizer_manager.py@v0.5.23", older=(
+                       (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+                        15.0, 20.0, 25.0, 30.0),
+                       (0.1, 0.25, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0),
+                       (0.1, 0.3, 0.5, 0.7, 0.9, 1.0, 2.0, 4.0, 6.0, 8.0, 10.0, 20.0, 40.0, 60.0, 80.0, 120.0, 160.0))),
         ),
         "time_per_output_token": (
             Native("sglang:request_time_per_output_token_seconds", "histogram", _SG_TOK_STREAM, SGLANG_ITL_BUCKETS,
@@ -322,9 +341,17 @@ SGLANG = Engine(
         "requests_finished": (
             Native("sglang:num_requests_total", "counter", _SG_TOK_STREAM, (),
                    "Finished requests, every outcome (those finishing with an abort reason included); no reason "
-                   "label. Aborts alone: sglang:num_aborted_requests_total (spelled num_aborted_requests in code "
-                   "up to 0.5.2, same exposed name). New in 0.4.2.",
-                   f"{_SG}; python/sglang/srt/managers/tokenizer_manager.py@v0.5.23"),
+                   "label: the aborted ones are taken off (where the aborted counter has the same labels) and the "
+                   "rest have no reason. New in 0.4.2.",
+                   f"{_SG}; python/sglang/srt/managers/tokenizer_manager.py@v0.5.23",
+                   less="sglang:num_aborted_requests_total"),
+            Native("sglang:num_aborted_requests_total", "counter", _SG_TOK_STREAM, (),
+                   "Aborted requests (spelled num_aborted_requests in code up to 0.5.2, same exposed name); counted "
+                   "as reason abort.", _SG, reason="abort"),
+            Native("sglang:e2e_request_latency_seconds_count", "counter", _SG_TOK_STREAM, (),
+                   "FALLBACK before 0.4.2 (no num_requests_total): the end-to-end histogram's count, one per finished "
+                   "request (aborted ones included), where no request counter exists.",
+                   "python/sglang/srt/metrics/collector.py@v0.3.6"),
         ),
     })
 
@@ -400,7 +427,98 @@ TGI = Engine(
                    "Failures are a separate counter, tgi_request_failure{err=overloaded|validation|template|"
                    "incomplete|dropped|generation}; tgi_request_count counts requests received.",
                    f"{_TGI}; router/src/infer/mod.rs@v3.3.7; backends/v3/src/backend.rs@v3.3.7"),
+            Native("tgi_request_failure", "counter", ("err",), (),
+                   "Failed requests by err (overloaded, validation, template, incomplete, dropped, generation): "
+                   "reason error.", f"{_TGI}; router/src/infer/mod.rs@v3.3.7", reason="error"),
         ),
-    })
+    }, yields_to="vllm:num_requests_running")
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG, TGI)}
+
+# --- vLLM under Ray Serve ---------------------------------------------------------------------------------------
+# vLLM's RayPrometheusStatLogger (vllm/v1/metrics/ray_wrappers.py) forwards the same metrics through ray.util.metrics;
+# each Ray node's metrics agent exports them with Ray's prefix `ray_` (ray_vllm:num_requests_running, counters with
+# `_total`, as Ray's own Serve LLM dashboard queries them: ray_vllm:request_success_total,
+# ray_vllm:generation_tokens_total) and Ray's labels: WorkerId (the replica's worker process) and the agent's
+# SessionName, Version, NodeAddress, Component, and ReplicaId where vLLM adds it. The target is the Ray node (its pod:
+# the one holding the replica's GPUs), so the GPU join works on the target's namespace and pod as for a plain vLLM.
+
+_RAY_LABELS = ("WorkerId", "ReplicaId", "NodeAddress", "SessionName", "Version", "Component")
+_RAY_SOURCE = ("python/ray/dashboard/modules/metrics/dashboards/serve_llm_dashboard_panels.py (ray-project/ray); "
+               "vllm/v1/metrics/ray_wrappers.py@v0.33.0")
+
+
+def _ray(native: Native) -> Native:
+    return Native("ray_" + native.name, native.kind, (*native.labels, *_RAY_LABELS), native.buckets,
+                  "vLLM's " + native.name + " through Ray's metrics agent. " + native.note,
+                  f"{native.source}; {_RAY_SOURCE}", native.match, native.over, native.reason, native.less,
+                  native.per, native.le_per, native.older)
+
+
+RAY_VLLM = Engine("ray_vllm", "vLLM under Ray Serve", VLLM.version, VLLM.model_label, "python",
+                  {signal: tuple(_ray(n) for n in natives) for signal, natives in VLLM.signals.items()},
+                  reason_label=VLLM.reason_label, reasons=VLLM.reasons)
+
+
+# --- Triton Inference Server (TensorRT-LLM backend) -------------------------------------------------------------
+# Triton core (src/metric_model_reporter.cc, src/metrics.cc) gives per model and version: request success and failure
+# counters, cumulative queue and compute times in microseconds (counters), the pending-request gauge, and, with
+# --metrics-config histogram_latencies=true on decoupled (streaming) models, nv_inference_first_response_histogram_ms
+# (milliseconds; its buckets are set per model in model_metrics, no default is read here). The TensorRT-LLM backend
+# (inflight_batcher_llm/src/custom_metrics_reporter) adds gauges labelled by kind: nv_trt_llm_request_metrics
+# {request_type=active|max|scheduled|context|waiting}, nv_trt_llm_kv_cache_block_metrics
+# {kv_cache_block_type=max|free|used|tokens_per|fraction}, nv_trt_llm_inflight_batcher_metrics{...}. Triton has no
+# per-request time per output token, no end-to-end histogram and no token counters: those objectives and figures are
+# absent, and the "unmeasured" alert says so.
+
+_TRITON = "src/metric_model_reporter.cc@r24.04 (triton-inference-server/core); docs/user_guide/metrics.md@r24.04"
+_TRT = "inflight_batcher_llm/src/custom_metrics_reporter/custom_metrics_reporter.cc (tensorrtllm_backend)"
+_TRITON_LABELS = ("model", "version")
+
+TRITON = Engine(
+    "triton", "Triton Inference Server (TensorRT-LLM)", "r24.04", "model", "python", {
+        "time_to_first_token": (
+            Native("nv_inference_first_response_histogram_ms", "histogram", _TRITON_LABELS, (),
+                   "Per request of a decoupled (streaming) model: request -> its first response, in MILLISECONDS "
+                   "(le=\"1000\" is 1 s). Only with --metrics-config histogram_latencies=true; buckets per model "
+                   "(model_metrics.metric_control.histogram_options). Judged at the bound (in ms) at or below the "
+                   "objective; its bucket rates are not in the seconds-based bucket records.", _TRITON, le_per=1e3),
+        ),
+        "queue_seconds": (
+            Native("nv_inference_queue_duration_us", "counter", _TRITON_LABELS, (),
+                   "Cumulative queueing time of every request, microseconds (so its rate is queued requests on "
+                   "average).", _TRITON, per=1e6),
+        ),
+        "compute_seconds": (
+            Native("nv_inference_compute_infer_duration_us", "counter", _TRITON_LABELS, (),
+                   "Cumulative model execution time, microseconds.", _TRITON, per=1e6),
+        ),
+        "requests_running": (
+            Native("nv_trt_llm_request_metrics", "gauge", (*_TRITON_LABELS, "request_type"), (),
+                   "request_type=\"active\": requests the in-flight batcher holds.", _TRT,
+                   match='request_type="active"'),
+        ),
+        "requests_waiting": (
+            Native("nv_trt_llm_request_metrics", "gauge", (*_TRITON_LABELS, "request_type"), (),
+                   "request_type=\"waiting\" (newer backends): requests waiting in the batcher.", _TRT,
+                   match='request_type="waiting"'),
+            Native("nv_inference_pending_request_count", "gauge", _TRITON_LABELS, (),
+                   "Requests accepted by Triton and not yet executing (its scheduler queue).", _TRITON),
+        ),
+        "kv_cache_usage": (
+            Native("nv_trt_llm_kv_cache_block_metrics", "gauge", (*_TRITON_LABELS, "kv_cache_block_type"), (),
+                   "kv_cache_block_type=\"fraction\": used over max KV-cache blocks, 0..1 (the used, free and max "
+                   "block counts are its siblings).", _TRT, match='kv_cache_block_type="fraction"'),
+            Native("nv_trt_llm_kv_cache_block_metrics", "gauge", (*_TRITON_LABELS, "kv_cache_block_type"), (),
+                   "Backends without the fraction (the 23.11-24.x README's sample): used over max blocks.", _TRT,
+                   match='kv_cache_block_type="used"', over='kv_cache_block_type="max"'),
+        ),
+        "requests_finished": (
+            Native("nv_inference_request_success", "counter", _TRITON_LABELS, (),
+                   "Successful requests (no reason: Triton does not say stop or length).", _TRITON),
+            Native("nv_inference_request_failure", "counter", (*_TRITON_LABELS, "reason"), (),
+                   "Failed requests; reason (REJECTED, CANCELED, BACKEND, OTHER) since 24.x: CANCELED counts as "
+                   "abort, the rest as error.", _TRITON, reason="error"),
+        ),
+    }, reason_label="reason", reasons=(("CANCELED", "abort"), ("REJECTED|BACKEND|OTHER", "error")))
+
+ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG, TGI, RAY_VLLM, TRITON)}

@@ -3,7 +3,8 @@ the latency SLO figures and the serving GPUs from them.
 
 Levels (labels kept):
 - `server:` one scrape target of an engine (its target labels: instance, job, namespace, pod, ... ) plus
-  `model` (the engine's model label, renamed) and `engine` (vllm, sglang, tgi; `goodput` for the client path);
+  `model` (the engine's model label, renamed) and `engine` (vllm, sglang, tgi, ray_vllm, triton; `goodput` for the
+  client path);
 - `workload:` a served model: `cluster`, `namespace`, `workload` (a label of the client path's series, or one the
   scrape adds), `model`, `engine`.
 
@@ -11,23 +12,34 @@ Engines renamed some series between versions (vLLM's gpu_cache_usage_perc -> kv_
 name an engine has used is read, series by series, the current one winning where a server exposes both.
 
 Attainment of an objective is the share of a histogram's observations at or under its threshold, read from the
-bucket whose bound is the threshold (the settings refuse any other threshold). Two histograms do not say how many
-requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b), and
-exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client path's
-count, else the judged requests times the lower bound); the burn-rate alerts page on errors known to have happened
-(1 - the exact figure, else 1 - the upper bound), so neither flatters nor guesses. A request that ends before it is
-judged (aborted before its first token) counts in neither: no engine observes a time to first token for it.
+bucket whose bound is the threshold (the settings refuse a threshold that is no bound of an engine's default
+buckets); a scrape without that bucket (an older, custom or trimmed layout) is read at the largest bound below the
+threshold that it has, among those the engines have used and Prometheus' defaults: a lower bound, and the bound used
+is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
+first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
+unjudged, the "unmeasured" alert fires, and the model has no joint figure nor SLO goodput. Two histograms do not say
+how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b),
+and exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client
+path's count, else the judged requests times the lower bound), never more than the finished requests less the
+aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else 1 - the upper
+bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its first token)
+counts in neither: no engine observes a time to first token for it.
+
+Requests are finished requests by a normalized reason (stop, length, abort, error) where the engine tells one, none
+where it does not; a served model without a model label is named for its pod's owner (Deployment, StatefulSet), and
+a target exposing another engine's native series (vLLM printing TGIS-named ones) is that engine's alone.
 """
 
 from __future__ import annotations
 
+import math
 import re
 
 from goodput_client.contract import E2E_BUCKETS as CLIENT_E2E_BUCKETS
 from goodput_client.contract import ITL_BUCKETS, QUEUE_BUCKETS, TPOT_BUCKETS, TTFT_BUCKETS
 
 from .engines import ENGINES, Engine, Native
-from .objectives import OBJECTIVES, bound, models, resolve
+from .objectives import OBJECTIVES, models, resolve
 from .recording import Group, Rule, _groups
 from .settings import RulesSettings, seconds
 
@@ -63,7 +75,7 @@ REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
 GAUGES = {"requests_running": ("sum", "requests_running"), "requests_waiting": ("sum", "requests_waiting"),
           "kv_cache_usage": ("max", "kv_cache_usage_ratio")}
 COUNTERS = {"preemptions": "preemptions", "prompt_tokens": "prompt_tokens", "generation_tokens": "generation_tokens",
-            "requests_finished": "requests"}
+            "requests_finished": "requests", "queue_seconds": "queue_seconds", "compute_seconds": "compute_seconds"}
 HISTOGRAMS = {"time_to_first_token": "time_to_first_token_seconds",
               "time_per_output_token": "time_per_output_token_seconds",
               "inter_token_latency": "inter_token_latency_seconds",
@@ -97,6 +109,24 @@ def _matchers(*parts: str) -> str:
     return f"{{{inner}}}" if inner else ""
 
 
+# Bounds commonly configured (Prometheus' default buckets): a histogram with custom buckets is judged at these too.
+COMMON_BOUNDS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# A Kubernetes pod's name less its ReplicaSet hash and suffix (Deployment) or its ordinal (StatefulSet): the
+# alphabet is k8s.io/apimachinery's rand.SafeEncodeString.
+_SAFE = "[bcdfghjklmnpqrstvwxz2456789]"
+POD_OWNER = f"/(.+?)(?:-{_SAFE}{{6,10}}-{_SAFE}{{5}}|-[0-9]+)?"
+
+
+def candidates(native: Native, threshold: float) -> list[float]:
+    """The bounds (in the native's unit) that may judge `threshold` seconds, largest first: the threshold itself and
+    every catalogued (current, older) or commonly configured bound below it."""
+    limit = threshold * native.le_per
+    bounds = {limit, *native.buckets, *(b for older in native.older for b in older),
+              *(b * native.le_per for b in COMMON_BOUNDS)}
+    below = {b for b in bounds if b < limit and not math.isclose(b, limit, rel_tol=1e-9)}
+    return [limit, *sorted(below, reverse=True)]
+
+
 class _Norm:
     """Expressions over one engine's series with its labels normalized."""
 
@@ -113,49 +143,98 @@ class _Norm:
         return [(own, name) for own, name in pairs if own and own != name and own in native.labels]
 
     def rename(self, expr: str, native: Native) -> str:
-        """`model` from the engine's model label; the reason a request finished as `reason`; once over the ranks
-        that report the same requests."""
+        """`model` from the engine's model label (an engine without one: the scrape's `model`, else the pod's owner,
+        so that two deployments never merge); the reason a request finished as `reason`, normalized; once over the
+        ranks that report the same requests; nothing from a target that another engine's series show to be that
+        engine's (vLLM's TGIS-compatible metrics)."""
         replicas = [label for label in REPLICA_LABELS if label in native.labels]
         if replicas:
             expr = f"max without ({', '.join(replicas)}) ({expr})"
         for own, name in self._renamed(native):
             expr = f'label_replace({expr}, "{name}", "$1", "{own}", "(.+)")'
+        if self.engine.reason_label in native.labels:
+            for regex, reason in self.engine.reasons:
+                expr = f'label_replace({expr}, "reason", "{reason}", "reason", "{regex}")'
+        if native.reason:
+            expr = f'label_replace({expr}, "reason", "{native.reason}", "reason", "")'
+        if self.engine.model_label is None:
+            expr = (f'label_replace(label_join({expr}, "model_pod", "/", "model", "pod"), "model", "$1", "model_pod", '
+                    f'"{_quote(POD_OWNER)}")')
+        if self.engine.yields_to:
+            c = self.s.cluster_label
+            # the target: its pod and container where service discovery gives them, else its job
+            expr = f"({expr}) unless on ({c}, job, namespace, pod, container) {self.engine.yields_to}"
         return expr
 
     def drop(self, native: Native) -> list[str]:
         """The engine's labels a normalized series sums or maxes away: all but the normalized ones (workload,
         model, reason) and the replica ranks, which rename() already took once; a renamed label goes too."""
-        return [label for label in native.labels if label not in NORMALIZED_LABELS and label not in REPLICA_LABELS]
+        dropped = [label for label in native.labels if label not in NORMALIZED_LABELS and label not in REPLICA_LABELS]
+        return dropped + (["model_pod"] if self.engine.model_label is None else [])
 
     def rule(self, record: str, expr: str, **labels: str) -> Rule:
         """A rule of this engine: its name in the `engine` label (a static label of the rule, so that the rules
         recording one name for several engines differ, as promtool asks)."""
         return {"record": record, "expr": expr, "labels": {"engine": self.engine.name, **labels}}
 
-    def server(self, signal: str, fn: str, inner: str) -> str | None:
-        """Per server: `fn without (the engine's own labels)` over each name the engine has used for `signal`;
-        `inner` wraps the series selector (e.g. a rate)."""
+    @staticmethod
+    def select(native: Native, suffix: str = "", *matchers: str) -> str:
+        own = f"{native.name}{suffix}{_matchers(native.match, *matchers)}"
+        if not native.over:
+            return own
+        label = native.match.split("=", 1)[0]
+        return f"({own} / ignoring ({label}) ({native.name}{suffix}{_matchers(native.over, *matchers)} > 0))"
+
+    def rate(self, native: Native, suffix: str = "", *matchers: str) -> str:
+        """The per-second rate of one counter (or histogram part), in the normalized unit; a counter with `less`:
+        less that one's rate where it has the same labels."""
+        w = self.s.windows[0]
+        expr = f"rate({self.select(native, suffix, *matchers)}[{w}])"
+        if native.less:
+            less = f"rate({native.less}{_matchers(native.match, *matchers)}[{w}])"
+            expr = f"({expr} - {less}) or {expr}"
+        return f"({expr}) / {native.per:g}" if native.per != 1 else expr
+
+    def server(self, signal: str, fn: str, counter: bool) -> str | None:
+        """Per server: `fn without (the engine's own labels)` over each name the engine has used for `signal`."""
         names = self.engine.signals.get(signal, ())
         if not names:
             return None
-        parts = [self.rename(inner.format(n.name), n) for n in names]
+        parts = [self.rename(self.rate(n) if counter else self.select(n), n) for n in names]
         body = "\n  or\n  ".join(parts)
         dropped = sorted({label for n in names for label in self.drop(n)})
         # `without ()` when the engine has no labels of its own (TGI): every target label is kept
         return f"{fn} without ({', '.join(dropped)}) (\n  {body}\n)"
 
-    def workload(self, signal: str, suffix: str, matchers: str = "", keep: str = "", le: float | None = None) -> str:
+    def _by(self, keep: str = "") -> str:
+        return ", ".join(filter(None, [workload_keys(self.s, engine=False), keep]))
+
+    def workload(self, signal: str, suffix: str, matchers: str = "", keep: str = "") -> str:
         """Per served model: the rate over the short window of one histogram's `suffix` series, every name the engine
         has used (series by series, the current one first), by the workload level's labels (and `keep`)."""
-        w = self.s.windows[0]
+        parts = [self.rename(self.rate(native, suffix, matchers), native) for native in self.engine.signals[signal]
+                 if suffix != "_bucket" or native.le_per == 1]
+        return f"sum by ({self._by(keep)}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
+
+    def met(self, signal: str, matchers: str, threshold: float) -> str:
+        """Per served model: the requests at or under `threshold`, read at the largest bound at or below it that each
+        series has (the threshold's own bucket where it exists; an older or custom layout: the nearest below, so the
+        count is a lower bound). A series with no such bound gives nothing: the objective is unmeasured there."""
         parts = []
         for native in self.engine.signals[signal]:
-            sel = [matchers]
-            if le is not None:
-                sel.append(f'le=~"{le_pattern(bound(native.buckets, le) or le)}"')
-            parts.append(self.rename(f"rate({native.name}{suffix}{_matchers(*sel)}[{w}])", native))
-        by = ", ".join(filter(None, [workload_keys(self.s, engine=False), keep]))
-        return f"sum by ({by}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
+            le = 'le=~"' + "|".join(le_pattern(b) for b in candidates(native, threshold)) + '"'
+            rate = self.rate(native, "_bucket", matchers, le)
+            parts.append(self.rename(f"max without (le) (\n    {rate}\n  )", native))
+        return f"sum by ({self._by()}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
+
+    def bound(self, signal: str, matchers: str, threshold: float) -> str:
+        """Per served model: the bound (seconds) its met count was read at, the lowest of its series'."""
+        parts = []
+        for native in self.engine.signals[signal]:
+            each = " or ".join(self.select(native, "_bucket", matchers, 'le=~"' + le_pattern(b) + '"')
+                               + f" * 0 + {b / native.le_per:.12g}" for b in candidates(native, threshold))
+            parts.append(self.rename(f"max without (le) ({each})", native))
+        return f"min by ({self._by()}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
 
 
 def workload_keys(s: RulesSettings, engine: bool = True) -> str:
@@ -169,11 +248,11 @@ def _server(s: RulesSettings, engine: Engine) -> list[Rule]:
     w, norm = s.windows[0], _Norm(s, engine)
     rules: list[Rule] = []
     for signal, (fn, name) in GAUGES.items():
-        expr = norm.server(signal, fn, "{}")
+        expr = norm.server(signal, fn, counter=False)
         if expr:
             rules.append(norm.rule(f"server:goodput_inference_{name}:{fn}", expr))
     for signal, name in COUNTERS.items():
-        expr = norm.server(signal, "sum", f"rate({{}}[{w}])")
+        expr = norm.server(signal, "sum", counter=True)
         if expr:
             rules.append(norm.rule(f"server:goodput_inference_{name}:rate{w}", expr))
     return rules
@@ -203,7 +282,8 @@ def _workload(s: RulesSettings) -> list[Rule]:
 def _latency(s: RulesSettings, signal: str) -> list[Rule]:
     """The bucket rates of one latency histogram per served model, for quantiles against the objectives."""
     w = s.windows[0]
-    norms = [_Norm(s, engine) for engine in engines(s) if signal in engine.signals]
+    norms = [_Norm(s, engine) for engine in engines(s)
+             if any(native.le_per == 1 for native in engine.signals.get(signal, ()))]
     return [norm.rule(f"workload:goodput_inference_{HISTOGRAMS[signal]}_bucket:rate{w}",
                       norm.workload(signal, "_bucket", keep="le")) for norm in norms]
 
@@ -230,18 +310,23 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
 
         judged: dict[str, str] = {}
         met: dict[str, str] = {}
+        bounds: dict[str, str] = {}
         for name, (field, signal) in OBJECTIVES.items():
             if signal in engine.signals:
                 judged[name] = norm.workload(signal, "_count", sel)
                 # the client judged each request against its own objectives, and counted those that met both
-                met[name] = counted(name) if engine is CLIENT else norm.workload(
-                    signal, "_bucket", sel, le=getattr(objectives, field))
+                met[name] = counted(name) if engine is CLIENT else norm.met(signal, sel, getattr(objectives, field))
+                if engine is not CLIENT:
+                    bounds[name] = norm.bound(signal, sel, getattr(objectives, field))
         if engine is CLIENT:
             judged["both"], met["both"] = norm.workload("time_to_first_token", "_count", sel), counted("both")
         for name in judged:
             labels = {"objective": name, **own}
             rules += [norm.rule(f"workload:goodput_inference_slo_requests:rate{w}", judged[name], **labels),
                       norm.rule(f"workload:goodput_inference_slo_met_requests:rate{w}", met[name], **labels)]
+            if name in bounds:
+                rules.append(norm.rule("workload:goodput_inference_slo_judged_bound_seconds:min", bounds[name],
+                                       **labels))
         # the error budget (1 - target) of each served model, beside its figures
         budget = _matchers(_eq("engine", engine.name), f"model{match}" if match else "")
         rules.append(norm.rule("workload:goodput_inference_slo_error_budget:ratio",
@@ -275,9 +360,13 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
     # attainment.
     missed = f"({judged}\n   - {met})"
     n = f"(max without (objective) ({judged}) > 0)"
+    keys = workload_keys(s)
+    # a served model with an objective nothing can judge (no bucket at or below its threshold; or no histogram for it
+    # at all) has no joint figure: it would count that objective as met
+    unknown = (f"(\n  ({judged} unless {met})\n  or\n  workload:goodput_inference_slo_unjudged_requests:rate{w}\n)")
 
     def bound_(expr: str, name: str) -> Rule:
-        return {"record": joint, "expr": expr, "labels": {"bound": name}}
+        return {"record": joint, "expr": f"(\n{expr}\n) unless on ({keys}) {unknown}", "labels": {"bound": name}}
 
     rules += [
         {"record": att, "expr": f"workload:goodput_inference_slo_met_requests:rate{window}\n"
@@ -290,16 +379,27 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
                  f'  or\n  sum without (bound) ({joint}{{bound="upper"}})\n)'},
     ]
     if window == w:
+        # the requests that finished (aborted ones out, unless counted) of a model with no judged series of an
+        # objective: its engine cannot judge it (TGI's time to first token, Triton's time per output token, SGLang
+        # before 0.5.22's), so it is unmeasured, never met
+        finished = (f"sum without (reason) (workload:goodput_inference_requests:rate{w}"
+                    + ("" if s.inference_slo_count_aborted else '{reason!="abort"}') + ")")
+        rules += [{"record": f"workload:goodput_inference_slo_unjudged_requests:rate{w}",
+                   "expr": f"{finished} > 0\nunless on ({keys})\n"
+                           f'workload:goodput_inference_slo_requests:rate{w}{{objective="{name}"}}',
+                   "labels": {"objective": name}} for name in OBJECTIVES]
         # requests/s that met both objectives: the client path's exact count; else the judged requests (those with
         # a first token, or a time per output token where TTFT is not measured) times the joint share's lower
-        # bound. A request that finished without being judged (aborted before its first token) is never counted.
+        # bound; never more than the requests that finished (aborted ones out, unless counted). A request that
+        # finished without being judged (aborted before its first token) is never counted.
         judged = f'workload:goodput_inference_slo_requests:rate{w}{{objective=~"ttft|tpot"}}'
         both = f'workload:goodput_inference_slo_met_requests:rate{w}{{objective="both"}}'
+        goodput = (f"(\n  sum without (objective) ({both})\n"
+                   f"  or\n  max without (objective) ({judged})\n"
+                   f'  * sum without (bound) ({joint}{{bound="lower"}})\n)')
         rules.append({
             "record": f"workload:goodput_inference_slo_goodput:rate{w}",
-            "expr": f"sum without (objective) ({both})\n"
-                    f"or\nmax without (objective) ({judged})\n"
-                    f'* sum without (bound) ({joint}{{bound="lower"}})'})
+            "expr": f"{goodput} <= {finished}\nor\n{finished} and {goodput}"})
     return rules
 
 

@@ -235,7 +235,8 @@ class RulesSettings(BaseModel):
         "underused_sm_active_ratio).")
     # --- inference (serving engines' metrics, and the client's request events) -----------------------------
     inference_engines: list[str] = Field(
-        ["vllm", "sglang", "tgi"], description="Serving engines whose own metrics the inference rules normalize "
+        ["vllm", "sglang", "tgi", "ray_vllm", "triton"], description="Serving engines whose own metrics the "
+        "inference rules normalize "
         "(names, labels and buckets in docs/inference-engines.md); the client path (goodput_inference_*) always is.")
     inference_slo: Objectives = Field(
         default_factory=Objectives, description="Default latency objectives of every served model: time to first "
@@ -264,6 +265,10 @@ class RulesSettings(BaseModel):
     inference_slo_slow_burn_rate: float = Field(
         6, gt=1, description="GoodputInferenceSLOBurnSlow: burn rate over both windows (6 spends 5% of a 30-day "
         "budget in 6 hours).")
+    inference_slo_count_aborted: bool = Field(
+        False, description="Count aborted requests (finish reason abort: the client went away) among the finished "
+        "requests that bound SLO goodput and that an objective nothing can judge is reported for; by default they are "
+        "out of the SLO's denominator.")
     inference_slo_unmeasured_for: str = Field(
         "15m", description="GoodputInferenceSLOUnmeasured: for how long a model's requests are judged on an objective "
         "whose threshold bucket its engine does not expose (custom buckets: vLLM's --custom-histogram-buckets, "

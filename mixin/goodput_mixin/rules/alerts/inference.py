@@ -35,13 +35,16 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"last {slow[0]}: more than {s.inference_slo_slow_burn_rate:g}x the budget's rate."),
         Alert(
             "GoodputInferenceSLOUnmeasured", "inference-slo-unmeasured.md", "warning",
-            f"workload:goodput_inference_slo_requests:rate{short} > 0\n"
-            f"unless\nworkload:goodput_inference_slo_met_requests:rate{short}",
+            f"(\n  workload:goodput_inference_slo_requests:rate{short} > 0\n"
+            f"  unless\n  workload:goodput_inference_slo_met_requests:rate{short}\n)\n"
+            f"or\nworkload:goodput_inference_slo_unjudged_requests:rate{short} > 0",
             s.inference_slo_unmeasured_for,
-            "A served model's latency objective cannot be judged: its engine has no bucket at the threshold.",
-            f"{_WHO} serves requests, but its engine's histogram for the {{{{ $labels.objective }}}} objective has "
-            "no bucket at the threshold (custom buckets?): its attainment, error ratio and burn-rate alerts are "
-            "absent."),
+            "A served model's latency objective cannot be judged: its engine has no histogram or no bucket for it.",
+            f"{_WHO} serves requests, but nothing judges its {{{{ $labels.objective }}}} objective: its engine "
+            "exposes no histogram for it (TGI: time to first token; Triton: time per output token; SGLang before "
+            "0.5.22 and vLLM before 0.11: time per output token), or the histogram has no bucket at or below the "
+            "threshold (custom buckets?). Its joint attainment, SLO goodput, error ratio and burn-rate alerts are "
+            "absent rather than counting the objective as met."),
         Alert(
             "GoodputInferenceKVCacheSaturated", "inference-kv-cache-saturated.md", "warning",
             f"server:goodput_inference_kv_cache_usage_ratio:max >= {s.inference_kv_cache_saturated_ratio:g}\n"
