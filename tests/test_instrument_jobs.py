@@ -289,6 +289,7 @@ def test_compile_grad_scaler_and_distributed_checkpoints(runs: Runs) -> None:
     text = misc.text
     labels = _labels(misc.workload, 0)
     assert value(text, "goodput_steps_total", **labels) == misc.own[0]["steps"] == 6  # through GradScaler.step
+    assert misc.own[0]["reduced"] == [3.0] * 4  # torch.compile(fullgraph=True) through the collectives' wrappers
     phases = _accounted(text, misc.workload, 0)
     for phase in ("compile", "checkpoint_save", "checkpoint_restore", "comm_wait"):
         assert phases[phase] > 0, phase

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,6 +21,30 @@ if TYPE_CHECKING:
     from ..recorder import Recorder
 
 LOGGER = "goodput_client.instrument"
+
+
+_is_compiling: Callable[[], bool] | None = None
+
+
+def compiling() -> bool:
+    """torch.compiler.is_compiling() (False for a torch without it): True while dynamo traces. A patch that dynamo
+    traces into must call the original at once, before any code of ours (a thread id, a clock) that dynamo cannot
+    put in a graph: torch.compile(fullgraph=True) over a collective would raise. Looked up on the first call (a
+    probe is installed while torch is still importing, before torch.compiler is there)."""
+    global _is_compiling
+    check = _is_compiling
+    if check is None:
+        torch = sys.modules.get("torch")
+        compiler = getattr(torch, "compiler", None)
+        if compiler is None:
+            return False
+        found = getattr(compiler, "is_compiling", None)
+        check = _is_compiling = found if callable(found) else _never
+    return check()
+
+
+def _never() -> bool:
+    return False
 
 
 class Probe:
@@ -101,7 +126,7 @@ class Probe:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def timed_call(*args: Any, **kwargs: Any) -> Any:
-                if not probe.on:
+                if compiling() or not probe.on:
                     return original(*args, **kwargs)
                 started = probe.start()
                 try:
