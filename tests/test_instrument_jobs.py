@@ -143,7 +143,7 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                                MASTER_PORT=str(free_port()))
             runs["lightning"] = dev("lightning", "lightning_ddp.py", 2, 6, MASTER_PORT=str(free_port()))
             runs["lightning-bare"] = bare.result()
-            runs["misc"] = dev("misc", "misc_single.py", 1, 6, MASTER_ADDR="127.0.0.1",
+            runs["misc"] = dev("misc", "misc_single.py", 1, 8, MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port()))
             # one rank, failing after step 6 and restarted by torchrun: it resumes from its step-4 checkpoint
             runs["restart"] = job_venv("restart", True, ranks=1, steps=10, launcher=("--max-restarts", "1"),
@@ -288,11 +288,12 @@ def test_compile_grad_scaler_and_distributed_checkpoints(runs: Runs) -> None:
     misc = runs.runs["misc"]
     text = misc.text
     labels = _labels(misc.workload, 0)
-    assert value(text, "goodput_steps_total", **labels) == misc.own[0]["steps"] == 6  # through GradScaler.step
+    assert value(text, "goodput_steps_total", **labels) == misc.own[0]["steps"] == 6 + 2  # GradScaler.step too
     assert misc.own[0]["reduced"] == [3.0] * 4  # torch.compile(fullgraph=True) through the collectives' wrappers
     phases = _accounted(text, misc.workload, 0)
     for phase in ("compile", "checkpoint_save", "checkpoint_restore", "comm_wait"):
         assert phases[phase] > 0, phase
+    assert phases["eval"] == 0  # reentrant checkpointing's no_grad forwards are training
 
 
 def test_a_restarted_plain_loop_resumes_from_its_checkpoints_step(runs: Runs) -> None:

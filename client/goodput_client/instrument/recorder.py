@@ -244,11 +244,11 @@ class Recorder:
 
     # --- evaluation in plain loops: no_grad / inference_mode blocks that run a forward pass --------------
 
-    def grad_off_enter(self) -> bool:
+    def grad_off_enter(self, grad_was_on: bool = True) -> bool:
         """A no_grad or inference_mode block opens; True when it is a candidate evaluation (the outermost such
-        block, outside any phase and any optimizer step, in a training process)."""
+        block, opened with gradients on, outside any phase and any optimizer step, in a training process)."""
         self.grad_off += 1
-        if (self.grad_off == 1 and self.depth == 0 and self.held is None and self.stepping is None
+        if (self.grad_off == 1 and grad_was_on and self.depth == 0 and self.held is None and self.stepping is None
                 and self.state == "active" and threading.get_ident() == self.thread):
             self.held = []
             self.held_samples = self.held_tokens = 0
