@@ -1,8 +1,8 @@
 """An unmodified single-process PyTorch job (nothing of goodput in it), for what the DDP job does not do:
 torch.compile (the eager backend: dynamo's compilation, no C compiler needed), GradScaler, torch.distributed.checkpoint
 save and load, an asynchronous all_reduce waited for (a 1-rank gloo group), torch.load, torch.compile(fullgraph=True)
-of a function calling all_reduce, reentrant activation checkpointing. Writes its optimizer steps and losses to
-$OUT_DIR/<RUN_NAME>-rank-0.json."""
+of a function calling all_reduce, reentrant activation checkpointing, a replaced optimizer. Writes its optimizer
+steps and losses to $OUT_DIR/<RUN_NAME>-rank-0.json."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 STEPS = 6
 CHECKPOINTED = 2
+REPLACED = 3
 
 
 def _reduced(t: torch.Tensor) -> torch.Tensor:
@@ -50,6 +51,14 @@ def main() -> None:
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
+    # the optimizer replaced (the first one still referenced, as after Lightning's lr_find): every step counts
+    replacement = torch.optim.AdamW(model.parameters(), lr=0.001)
+    for _ in range(REPLACED):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        replacement.zero_grad()
+        loss.backward()
+        replacement.step()
+        losses.append(loss.item())
     # torch.compile(fullgraph=True) over a function that calls a collective: dynamo traces through the probe's wrapper
     reduced = torch.compile(_reduced, fullgraph=True, backend="eager")(torch.ones(4))
     dcp.save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, "dcp"))
@@ -58,7 +67,7 @@ def main() -> None:
     torch.save(model.state_dict(), os.path.join(out, "misc.pt"))
     model.load_state_dict(torch.load(os.path.join(out, "misc.pt")))
     with open(os.path.join(out, f"{os.environ.get('RUN_NAME', 'run')}-rank-0.json"), "w") as file:
-        json.dump({"steps": STEPS + CHECKPOINTED, "losses": losses, "reduced": reduced.tolist()}, file)
+        json.dump({"steps": STEPS + CHECKPOINTED + REPLACED, "losses": losses, "reduced": reduced.tolist()}, file)
     dist.destroy_process_group()
 
 

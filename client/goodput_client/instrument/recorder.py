@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from ..contract import DEFAULT_SOCKET, SOCKET_ENV
 from ..telemetry import Telemetry
@@ -75,7 +76,10 @@ class Recorder:
         self.samples = self.tokens = 0
         self.held_samples = self.held_tokens = 0
         self.stepping: object = None  # the optimizer whose step is running (the outermost one)
-        self.primary: int | None = None  # id() of the optimizer whose steps are counted
+        self.primary: Callable[[], object] | None = None  # the optimizer whose steps are counted (a weak reference)
+        # another optimizer's step in a row, held: (its id, when it ended, the window's other, excluded, samples,
+        # tokens then)
+        self.rival: tuple[int, float, float, float, int, int] | None = None
         self.steps = 0
         self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
@@ -282,17 +286,53 @@ class Recorder:
         self.stepping = None
         if self.state != "active" or threading.get_ident() != self.thread:
             return
-        if self.primary is None:
-            self.primary = id(optimizer)
-        elif self.primary != id(optimizer):
-            return  # a second optimizer (a GAN's discriminator): the first one's steps are the job's steps
         now = _perf()
+        if not self._counts(optimizer, now):
+            return
+        self._close(now, self.window_other, self.window_excluded, self.samples, self.tokens)
+
+    def _counts(self, optimizer: object, now: float) -> bool:
+        """Whether this optimizer's step is a step of the job. The first optimizer to step is counted; another is
+        adopted in its place once the first is gone (garbage collected) or once it steps twice with no step of the
+        first in between (the first was replaced and is still referenced: Lightning's lr_find then fit, Hugging
+        Face's auto_find_batch_size, a staged fine-tuning). A second optimizer that alternates with the first (a
+        GAN's discriminator) is never counted. On adoption its first step, held until then, is counted too."""
+        primary = self.primary() if self.primary is not None else None
+        if primary is optimizer:
+            self.rival = None
+            return True
+        if primary is not None:
+            rival = self.rival
+            if rival is None or rival[0] != id(optimizer):
+                # its first step in a row: held, as the window's figures at its end
+                self.rival = (id(optimizer), now, self.window_other, self.window_excluded, self.samples, self.tokens)
+                return False
+            # the second: the replaced optimizer's window ended at its first step
+            _, then, other, excluded, samples, tokens = rival
+            self._close(then, other, excluded, samples, tokens, start_at=then)
+            self.window_other -= other
+            self.window_excluded -= excluded
+            self.samples -= samples
+            self.tokens -= tokens
+        self.rival = None
+        try:
+            self.primary = weakref.ref(optimizer)
+        except TypeError:  # an optimizer class with __slots__ and no __weakref__: held, then
+            self.primary = lambda: optimizer
+        return True
+
+    def _close(self, now: float, other: float, excluded: float, samples: int, tokens: int,
+               start_at: float | None = None) -> None:
+        """A step ends at `now`: its window's compute and the step sent; the next window starts (at `start_at`,
+        with the figures left after this one's, when a held step is sent late)."""
         window = now - self.window_start
-        compute = window - self.window_other
-        duration = window - self.window_excluded
-        samples, tokens = self.samples, self.tokens
-        self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
-        self.samples = self.tokens = 0
+        compute = window - other
+        duration = window - excluded
+        if start_at is None:
+            self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
+            self.samples = self.tokens = 0
+        else:
+            self.window_start = start_at
         self.steps += 1
         if self.deferred is not None:  # the explicit reporter's kinds are known now
             deferred, self.deferred = self.deferred, None

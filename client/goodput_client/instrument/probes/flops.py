@@ -37,7 +37,8 @@ class FlopsProbe(Probe):
 
     def after_step(self, optimizer: object) -> None:
         recorder = self.recorder
-        if recorder.primary != id(optimizer) or recorder.stepping is not None:
+        primary = recorder.primary() if recorder.primary is not None else None
+        if primary is not optimizer or recorder.stepping is not None:
             return
         if self._mode is not None:  # the measured step ends here
             mode, self._mode = self._mode, None

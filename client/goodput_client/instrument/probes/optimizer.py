@@ -2,7 +2,8 @@
 so every torch.optim optimizer counts, whoever calls its step(): the loop, GradScaler.step, accelerate's and
 Lightning's wrappers. Under gradient accumulation a step is an optimizer step. A step that GradScaler skips (inf or
 NaN gradients) calls no optimizer step and is not counted. With several optimizers, the first to step is the one
-counted. Building the first optimizer is where training starts (the recorder activates)."""
+counted, until it is gone or replaced (another steps twice in a row: recorder.Recorder._counts). Building the first
+optimizer is where training starts (the recorder activates)."""
 
 from __future__ import annotations
 
