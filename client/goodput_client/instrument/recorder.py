@@ -185,11 +185,29 @@ class Recorder:
         if self.explicit is not None:
             return
         self.explicit = telemetry
+        put = telemetry._put
+        recorder = self
+
+        def _put(event: tuple) -> None:  # type: ignore[type-arg]
+            put(event)
+            if event[0] == "phase":
+                with contextlib.suppress(Exception):  # never into the job
+                    recorder.explicit_phase(event[1], event[2])
+
+        telemetry._put = _put  # type: ignore[method-assign]  # this instance only; ours bypass it (_put_phase)
         if self.state == "active" and self.own and threading.get_ident() == self.thread:
             own, self.telemetry, self.own = self.telemetry, telemetry, False
             self.deferred = {}
             with contextlib.suppress(Exception):  # the job's own reporter goes on regardless
                 own.close()  # type: ignore[union-attr]
+
+    def explicit_phase(self, name: str, seconds: float) -> None:
+        """The explicit reporter sent a phase: its seconds are the window's, not its automatic compute's (the
+        probes' phases it covers are not counted in the window: `phase`)."""
+        if self.state == "active" and not self.own and threading.get_ident() == self.thread:
+            self.window_other += seconds
+            if name in NOT_STEP:
+                self.window_excluded += seconds
 
     def _sink(self, kind: str) -> Telemetry | None:
         telemetry = self.telemetry
@@ -227,10 +245,12 @@ class Recorder:
         if self.state == "waiting":
             self.pre[name] = self.pre.get(name, 0.0) + seconds
             return
+        telemetry = self._sink(name)
+        if telemetry is None and not self.own and self.telemetry is not None:
+            return  # the explicit reporter's time (a phase it reports, or inside its open phase block)
         self.window_other += seconds
         if name in NOT_STEP:
             self.window_excluded += seconds
-        telemetry = self._sink(name)
         if telemetry is None:
             return
         if self.deferred is not None:
@@ -375,7 +395,7 @@ def _put_phase(telemetry: Telemetry, name: str, seconds: float, *, elapsed: bool
     """Queue a phase event. Only the events that end a window (the step's compute, the start-up) carry the elapsed
     time: the daemon counts elapsed time no phase covers as untracked at once, and a phase reported inside a window
     whose compute is not sent yet would leave that compute untracked as well as computed."""
-    telemetry._put(("phase", name, seconds, _perf() - telemetry._t0 if elapsed else None))
+    Telemetry._put(telemetry, ("phase", name, seconds, _perf() - telemetry._t0 if elapsed else None))
 
 
 def watch_explicit(recorder: Recorder) -> None:
