@@ -82,6 +82,7 @@ class Recorder:
         self.rival: tuple[int, float, float, float, int, int] | None = None
         self.steps = 0
         self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
+        self.next_number: int | None = None  # the number of the next step, where a Trainer resumed
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
 
     @property
@@ -368,7 +369,8 @@ class Recorder:
             _put_phase(telemetry, "compute", max(0.0, compute), elapsed=True)
         telemetry = self._sink("step")
         if telemetry is not None:
-            _record_step(telemetry, duration, tokens, samples, flops=flops)
+            number, self.next_number = self.next_number, None
+            _record_step(telemetry, duration, tokens, samples, step=number, flops=flops)
 
     def checkpoint_loaded(self, step: int) -> None:
         """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,
@@ -385,10 +387,11 @@ class Recorder:
             self.resumed(step)
 
     def resumed(self, step: int) -> None:
-        """A Trainer resumed training after its global step `step`: the steps count on from there."""
-        telemetry = self._sink("step")
-        if telemetry is not None and step > 0:
-            telemetry.lifecycle("restart", resumed_from_step=step)
+        """A Trainer resumed training after its global step `step`: the steps count on from there. The next step
+        carries its number, step+1 (the daemon takes a number at or below the last it saw, after a restart, as the
+        point the rank went back to); no lifecycle event, which the daemon would count as one more restart."""
+        if step > 0:
+            self.next_number = step + 1
 
 
 def _put_phase(telemetry: Telemetry, name: str, seconds: float, *, elapsed: bool) -> None:
