@@ -21,7 +21,7 @@ from conftest import ROOT, live_server, quick_config, wait_for
 from goodput_mixin.chart import manifests, render_chart
 from kubernetes_validate import validate
 
-from exporter.sources.ingest.publish import CURRENT, publish_client, version_name
+from exporter.sources.ingest.publish import CURRENT, UnsafeDirectory, publish_client, version_name
 
 POLICY = ROOT / "deploy" / "examples" / "goodput-instrument" / "kyverno-clusterpolicy.yaml"
 REPORT = ("import sys, goodput_client.instrument.boot as boot; "
@@ -69,6 +69,28 @@ def test_a_new_version_replaces_current_and_keeps_the_one_before(tmp_path: Path)
     published = publish_client(str(root))
     assert os.readlink(root / CURRENT) == published.name
     assert older.is_dir() and not oldest.exists()  # running pods may still read the one before
+
+
+def test_a_client_directory_that_is_a_symbolic_link_is_refused_and_nothing_outside_is_touched(tmp_path: Path,
+                                                                                             ) -> None:
+    """A pod that can write into the socket directory replaces `client` with a link to a folder elsewhere: the
+    daemon must neither publish there nor prune what it finds there."""
+    elsewhere = tmp_path / "elsewhere"
+    victim = elsewhere / "0.0.1-cccccccccccc"
+    (victim / "goodput_client").mkdir(parents=True)
+    shared = tmp_path / "socket-dir"
+    shared.mkdir()
+    (shared / "client").symlink_to(elsewhere)
+    with pytest.raises(UnsafeDirectory, match="symbolic link"):
+        publish_client(str(shared / "client"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name] and (victim / "goodput_client").is_dir()
+    # and a version folder inside a real client directory that links elsewhere
+    root = shared / "real"
+    root.mkdir()
+    (root / version_name()).symlink_to(elsewhere)
+    with pytest.raises(UnsafeDirectory):
+        publish_client(str(root))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name]
 
 
 def test_the_daemon_publishes_at_start(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -44,14 +45,39 @@ def version_name(package: Path | None = None) -> str:
     return f"{goodput_client.__version__}-{digest.hexdigest()[:12]}"
 
 
+class UnsafeDirectory(OSError):
+    """The client directory, or a folder in it, is a symbolic link or not the daemon's own: not written into."""
+
+
+def _own_directory(path: Path) -> None:
+    """Raise UnsafeDirectory unless `path` is a directory itself (no symbolic link) owned by this process's user:
+    a pod that can write where the directory is (the socket directory, mounted writable) could otherwise point it
+    elsewhere, and the daemon would write, and prune, there."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafeDirectory(f"{path} is a symbolic link or not a directory: refusing to publish through it")
+    if info.st_uid != os.geteuid():
+        raise UnsafeDirectory(f"{path} belongs to uid {info.st_uid}, not this daemon's {os.geteuid()}: refusing to "
+                              "publish into it")
+
+
 def publish_client(directory: str) -> Path:
-    """Publish the client into `directory` (made if missing) and point `current` at it; returns its folder."""
+    """Publish the client into `directory` (made if missing) and point `current` at it; returns its folder. Raises
+    UnsafeDirectory, before writing anything, when the directory, its parent or an existing version folder is a
+    symbolic link or another user's."""
     package = Path(goodput_client.__file__).parent
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(root.parent):
+        root.parent.mkdir(parents=True, exist_ok=True)
+    _own_directory(root.parent)
+    if not os.path.lexists(root):
+        root.mkdir()
+    _own_directory(root)
     name = version_name(package)
     target = root / name
-    if not target.is_dir():
+    if os.path.lexists(target):
+        _own_directory(target)
+    else:
         staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=root))
         try:
             for path in _sources(package):
@@ -88,5 +114,8 @@ def _prune(root: Path, keep: set[str]) -> None:
     for entry in root.iterdir():
         if entry.name == CURRENT or entry.name in keep or entry.is_symlink():
             continue
+        with contextlib.suppress(OSError):
+            if entry.lstat().st_uid != os.geteuid():
+                continue  # not written by this daemon: left alone
         if entry.is_dir() and (entry.name.startswith(".publish-") or entry.name.split("-")[0][:1].isdigit()):
             shutil.rmtree(entry, ignore_errors=True)
