@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     import logging
     from collections.abc import Callable
 
+    from .probes.base import Probe
     from .settings import Settings
 
 _perf = time.perf_counter
@@ -82,6 +83,7 @@ class Recorder:
         self.rival: tuple[int, float, float, float, int, int] | None = None
         self.steps = 0
         self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
+        self.flops_provider: Probe | None = None  # the probe whose flops_source it is
         self.next_number: int | None = None  # the number of the next step, where a Trainer resumed
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
 
@@ -363,7 +365,13 @@ class Recorder:
                     _put_phase(sink, name, seconds, elapsed=False)
         flops = None
         if self.flops_source is not None:
-            flops = self.flops_source()
+            try:
+                flops = self.flops_source()
+            except Exception as exc:  # the FLOPs provider only is off: the step is counted all the same
+                self.flops_source = None
+                provider = self.flops_provider
+                if provider is not None:
+                    provider.failed(exc)
         telemetry = self._sink("compute")
         if telemetry is not None:
             _put_phase(telemetry, "compute", max(0.0, compute), elapsed=True)

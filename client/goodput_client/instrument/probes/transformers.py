@@ -51,7 +51,7 @@ class TransformersProbe(Probe):
             counted, self._flops = self._flops, 0.0
             return counted if counted > 0 else None
 
-        self.recorder.flops_source = flops
+        self.recorder.flops_source, self.recorder.flops_provider = flops, self
 
     def _counting(self, original: Any) -> Any:
         """Trainer.floating_point_ops, called once per micro-batch of training: its figures, summed per step."""
@@ -84,4 +84,5 @@ class TransformersProbe(Probe):
         return GoodputInstrumentCallback
 
     def removed(self) -> None:
-        self.recorder.flops_source = None
+        if self.recorder.flops_provider is self:
+            self.recorder.flops_source = self.recorder.flops_provider = None
