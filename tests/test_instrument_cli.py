@@ -84,6 +84,25 @@ def test_turned_off_it_loads_nothing() -> None:
     assert result.stdout.split() == ["False"]
 
 
+WRAPPED = """
+import torch, torch.distributed as dist
+from torch.optim.optimizer import Optimizer
+from torch.serialization import save
+for f in (dist.all_reduce, Optimizer.__init__, save, torch.no_grad.__enter__, dist.distributed_c10d.Work.wait):
+    inner = f.__wrapped__
+    assert f is not inner and f.__doc__ == inner.__doc__ and f.__qualname__ == inner.__qualname__, f
+    assert f.__name__ == inner.__name__ and f.__module__ == inner.__module__, f
+print("kept")
+"""
+
+
+def test_the_patched_functions_keep_their_names_and_docstrings() -> None:
+    """Each patch is the library's function to whoever reads it (LightningCLI reads Trainer.__init__'s docstring,
+    inspect.signature follows __wrapped__)."""
+    result = instrumented(sys.executable, "-c", WRAPPED)
+    assert result.returncode == 0 and result.stdout.split() == ["kept"], result.stderr[-3000:]
+
+
 def test_the_client_is_python_3_9_code() -> None:
     """No 3.9 interpreter here: mypy checks the client against 3.9's standard library and syntax, vermin finds the
     lowest version each construct needs."""

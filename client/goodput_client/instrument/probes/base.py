@@ -91,8 +91,10 @@ class Probe:
         """Replace `owner.attribute` with `make(original)`."""
         original = getattr(owner, attribute)
         replacement = make(original)  # type: ignore[operator]
+        # its name, qualified name, docstring, and __wrapped__: what inspect.signature, LightningCLI (which reads
+        # Trainer.__init__'s docstring), help() and jsonargparse read
         with contextlib.suppress(AttributeError, TypeError):
-            replacement.__wrapped__ = original
+            functools.update_wrapper(replacement, original)
         setattr(owner, attribute, replacement)
         self._patches.append((owner, attribute, original))
 
