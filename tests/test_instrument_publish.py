@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from conftest import ROOT, live_server, quick_config, wait_for
 from goodput_mixin.chart import manifests, render_chart
 from kubernetes_validate import validate
 
-from exporter.sources.ingest.publish import CURRENT, UnsafeDirectory, publish_client, version_name
+from exporter.sources.ingest.publish import CURRENT, KEEP_SECONDS, UnsafeDirectory, publish_client, version_name
 
 POLICY = ROOT / "deploy" / "examples" / "goodput-instrument" / "kyverno-clusterpolicy.yaml"
 REPORT = ("import sys, goodput_client.instrument.boot as boot; "
@@ -63,12 +64,17 @@ def test_a_new_version_replaces_current_and_keeps_the_one_before(tmp_path: Path)
     root = tmp_path / "client"
     older = root / "0.0.9-aaaaaaaaaaaa"
     oldest = root / "0.0.8-bbbbbbbbbbbb"
-    for folder in (older, oldest):
+    recent = root / "0.0.7-dddddddddddd"
+    for folder in (older, oldest, recent):
         (folder / "goodput_client").mkdir(parents=True)
+    week_ago = time.time() - KEEP_SECONDS - 60
+    for folder in (older, oldest):
+        os.utime(folder, (week_ago, week_ago))
     root.joinpath(CURRENT).symlink_to(older.name)
     published = publish_client(str(root))
     assert os.readlink(root / CURRENT) == published.name
     assert older.is_dir() and not oldest.exists()  # running pods may still read the one before
+    assert recent.is_dir()  # published within the week: a long-running pod may still import from it
 
 
 def test_a_client_directory_that_is_a_symbolic_link_is_refused_and_nothing_outside_is_touched(tmp_path: Path,

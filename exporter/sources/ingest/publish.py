@@ -8,7 +8,8 @@ the daemon's version, with nothing installed in the jobs' images.
 
 A version is written whole into a temporary directory and renamed into place; `current` is a symbolic link, replaced
 by a rename: a pod starting at any moment sees one whole version. Processes already running keep the version they
-loaded (the sitecustomize resolves `current` once); the version before stays, older ones are removed.
+loaded (the sitecustomize resolves `current` once); the version before stays, and so does every version published
+less than KEEP_SECONDS (a week) ago: a long-running pod may still import a module of its version lazily.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import os
 import shutil
 import stat
 import tempfile
+import time
 from pathlib import Path
 
 import goodput_client
@@ -28,6 +30,7 @@ import goodput_client
 log = logging.getLogger(__name__)
 
 CURRENT = "current"
+KEEP_SECONDS = 7 * 86400  # a version published less than a week ago stays: pods started from it may still import
 SITECUSTOMIZE = Path(goodput_client.__file__).parent / "instrument" / "autoload" / "sitecustomize.py"
 
 
@@ -110,12 +113,19 @@ def publish_client(directory: str) -> Path:
 
 
 def _prune(root: Path, keep: set[str]) -> None:
-    """Remove older versions and leftovers of interrupted publications."""
+    """Remove versions older than KEEP_SECONDS (other than the current one and the one before) and leftovers of
+    interrupted publications. A process keeps importing lazily from the version it started with (a module it
+    imports first hours in): a version goes only once no pod could plausibly still be running from it."""
+    now = time.time()
     for entry in root.iterdir():
         if entry.name == CURRENT or entry.name in keep or entry.is_symlink():
             continue
         with contextlib.suppress(OSError):
             if entry.lstat().st_uid != os.geteuid():
                 continue  # not written by this daemon: left alone
-        if entry.is_dir() and (entry.name.startswith(".publish-") or entry.name.split("-")[0][:1].isdigit()):
+        version = entry.name.split("-")[0][:1].isdigit()
+        with contextlib.suppress(OSError):
+            if version and now - entry.lstat().st_mtime < KEEP_SECONDS:
+                continue
+        if entry.is_dir() and (entry.name.startswith(".publish-") or version):
             shutil.rmtree(entry, ignore_errors=True)
