@@ -86,6 +86,7 @@ class Recorder:
         self.flops_provider: Probe | None = None  # the probe whose flops_source it is
         self.next_number: int | None = None  # the number of the next step, where a Trainer resumed
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
+        self.forked = self.fork_told = False  # this process was forked from an instrumented one; it said so
 
     @property
     def live(self) -> bool:
@@ -178,9 +179,22 @@ class Recorder:
                 probe.uninstrument()
 
     def after_fork(self) -> None:
-        """In a forked child (a DataLoader worker): nothing of the parent's reporter, nothing measured."""
+        """In a forked child (a DataLoader worker, a rank of Lightning's ddp_fork): nothing of the parent's reporter,
+        nothing measured. One that goes on to train says so once (`forked_trains`)."""
         self.state = "off"
         self.telemetry = None
+        self.forked = True
+
+    def forked_trains(self) -> None:
+        """A forked child builds an optimizer: a rank started by fork, not measured; one log line."""
+        if not self.forked or self.fork_told:
+            return
+        self.fork_told = True
+        data = sys.modules.get("torch.utils.data")
+        if data is not None and data.get_worker_info() is not None:
+            return  # a DataLoader worker: silent
+        _log().warning("goodput-instrument: this process was started by fork (Lightning's ddp_fork, multiprocessing's "
+                       "fork start method) and is not measured; start ranks with torchrun or spawn to measure them")
 
     # --- the explicit client ---------------------------------------------------------------------------
 

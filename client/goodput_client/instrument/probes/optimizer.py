@@ -44,9 +44,12 @@ class OptimizerProbe(Probe):
         def make(original: Any) -> Any:
             def __init__(self: object, *args: Any, **kwargs: Any) -> None:
                 original(self, *args, **kwargs)
-                if probe.on and recorder.state == "waiting":
+                if probe.on and (recorder.state == "waiting" or recorder.forked):
                     try:
-                        recorder.activate(f"{type(self).__name__} built")
+                        if recorder.forked:
+                            recorder.forked_trains()
+                        else:
+                            recorder.activate(f"{type(self).__name__} built")
                     except Exception as exc:
                         probe.failed(exc)
             return __init__
