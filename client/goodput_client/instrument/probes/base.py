@@ -138,6 +138,17 @@ class Probe:
             return timed_call
         return make
 
+    def guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, the probe's own code, when the probe is on (None when off): an exception there is the
+        probe's failure (logged once, the probe off) and gives None; the library's call around it goes on."""
+        if not self.on:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.failed(exc)
+            return None
+
     def failed(self, exc: BaseException) -> None:
         """An exception in this probe's own code: logged once, and the probe turned off for the process."""
         if not self.on:

@@ -46,10 +46,7 @@ class EvalProbe(Probe):
                 return original(self)
             result = original(self)
             if probe.on and recorder.live:
-                try:
-                    probe.opened(enabled)
-                except Exception as exc:
-                    probe.failed(exc)
+                probe.guarded(probe.opened, enabled)
             return result
         return __enter__
 
@@ -60,10 +57,7 @@ class EvalProbe(Probe):
         def __exit__(self: object, *args: Any) -> Any:
             result = original(self, *args)
             if probe.on and probe._stack and recorder.live:
-                try:
-                    probe.closed()
-                except Exception as exc:
-                    probe.failed(exc)
+                probe.guarded(probe.closed)
             return result
         return __exit__
 

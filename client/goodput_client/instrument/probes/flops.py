@@ -29,11 +29,7 @@ class FlopsProbe(Probe):
         self._handle = optimizer.register_optimizer_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self.on:
-            try:
-                self.after_step(optimizer)
-            except Exception as exc:
-                self.failed(exc)
+        self.guarded(self.after_step, optimizer)
 
     def after_step(self, optimizer: object) -> None:
         recorder = self.recorder
