@@ -4,24 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import timeit
 from pathlib import Path
 
-import uvicorn
 from goodput_client import Telemetry
 from goodput_client.contract import EVENTS_PATH, batch_body, encode, phase_event
 from goodput_client.transport import Transport
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.core.http import unix_socket
-from exporter.sources.ingest.app import create_ingest_app
-from exporter.sources.ingest.state import IngestState
+from serving import ingest_server
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCH = 5000
@@ -49,14 +44,11 @@ def hot_path_microseconds() -> tuple[float, float]:
 
 def ingest_events_per_second() -> float:
     path = os.path.join(tempfile.mkdtemp(prefix="gp-bench-"), "ingest.sock")
-    state = IngestState(max_workloads=32, max_ranks=512, idle_timeout=600)
-    sock: socket.socket = unix_socket(path)
-    server = uvicorn.Server(uvicorn.Config(create_ingest_app(state, None, 64 * 2**20, 100_000),
-                                           log_config=None, access_log=False, lifespan="off", http="httptools"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    with ingest_server(path):
+        return _events_per_second(path)
+
+
+def _events_per_second(path: str) -> float:
     events = batch_body([phase_event("bench", i % 8, "compute", 0.01) for i in range(BATCH)])
     transport = Transport(socket_path=path, timeout=30)  # the client's own sender: one kept-alive connection
     transport.post(EVENTS_PATH, encode(events))  # warm-up
@@ -65,8 +57,6 @@ def ingest_events_per_second() -> float:
         assert transport.post(EVENTS_PATH, encode(events))[0] == 200
     elapsed = time.perf_counter() - started
     transport.close()
-    server.should_exit = True
-    thread.join(5)
     return REQUESTS * BATCH / elapsed
 
 

@@ -17,20 +17,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
-import uvicorn
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from exporter.core.http import unix_socket
-from exporter.sources.ingest.app import create_ingest_app
-from exporter.sources.ingest.state import IngestState
+from serving import ingest_server
 
 BIN = Path(sys.executable).parent
 STEPS = 2000
@@ -92,18 +85,6 @@ print(json.dumps({"seconds_per_step": best}))
 """
 
 
-def _server(path: str) -> tuple[uvicorn.Server, threading.Thread]:
-    state = IngestState(max_workloads=32, max_ranks=512, idle_timeout=600)
-    sock: socket.socket = unix_socket(path)
-    server = uvicorn.Server(uvicorn.Config(create_ingest_app(state, None, 64 * 2**20, 100_000),
-                                           log_config=None, access_log=False, lifespan="off", http="httptools"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    return server, thread
-
-
 def _per_step(kind: str, variant: str, path: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_") and k != "PYTHONPATH"}
     env.update(GOODPUT_INGEST_SOCKET_PATH=path, GOODPUT_WORKLOAD=f"bench-{variant}", OMP_NUM_THREADS="1")
@@ -117,8 +98,7 @@ def _per_step(kind: str, variant: str, path: str) -> float:
 def measure() -> dict[str, dict[str, float]]:
     """{loop: {variant: best seconds per step}} for loops optimizer and loop, variants bare, auto, explicit."""
     path = os.path.join(tempfile.mkdtemp(prefix="gp-bench-"), "ingest.sock")
-    server, thread = _server(path)
-    try:
+    with ingest_server(path):
         found: dict[str, dict[str, float]] = {}
         for kind in ("optimizer", "loop"):
             best = {variant: float("inf") for variant in ("bare", "auto", "explicit")}
@@ -127,9 +107,6 @@ def measure() -> dict[str, dict[str, float]]:
                     best[variant] = min(best[variant], _per_step(kind, variant, path))
             found[kind] = best
         return found
-    finally:
-        server.should_exit = True
-        thread.join(5)
 
 
 def section() -> str:

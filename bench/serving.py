@@ -1,12 +1,14 @@
 """Local servers for the benchmarks: a free port to start one on, waiting until it answers, reading a page of it,
-and settling a VictoriaMetrics store before it is measured."""
+settling a VictoriaMetrics store before it is measured, and the daemon's events API on a Unix socket."""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
 
 
 def free_port() -> int:
@@ -73,3 +75,30 @@ def settle_victoria(port: int, first: float, last: float) -> None:
         time.sleep(1)
         merging = sum(v for k, v in metrics(port).items() if k.startswith("vm_active_merges"))
         quiet = quiet + 1 if merging == 0 else 0
+
+
+@contextlib.contextmanager
+def ingest_server(path: str) -> Iterator[None]:
+    """The daemon's events API (as the ingest source serves it) on a Unix socket at `path`, in a thread, until the
+    block ends."""
+    import threading
+
+    import uvicorn
+
+    from exporter.core.http import unix_socket
+    from exporter.sources.ingest.app import create_ingest_app
+    from exporter.sources.ingest.state import IngestState
+
+    state = IngestState(max_workloads=32, max_ranks=512, idle_timeout=600)
+    sock = unix_socket(path)
+    server = uvicorn.Server(uvicorn.Config(create_ingest_app(state, None, 64 * 2**20, 100_000),
+                                           log_config=None, access_log=False, lifespan="off", http="httptools"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    try:
+        yield
+    finally:
+        server.should_exit = True
+        thread.join(5)

@@ -132,3 +132,39 @@ def test_ranks_started_by_multiprocessing_spawn_are_ranks(tmp_path: Path) -> Non
     assert sorted(row["rank"] for row in rows) == ["0", "1"]
     assert {row["workload"] for row in rows} == {f"{socket.gethostname().partition('.')[0]}/127.0.0.1:{port}"}
     assert value(text, "goodput_steps_total", rank="0") == 3
+
+
+FORKED = """
+import multiprocessing, torch, torch.distributed as dist
+from torch.optim.optimizer import Optimizer
+from torch.serialization import save
+
+def rank_main():
+    p = torch.zeros(2, requires_grad=True)
+    torch.optim.SGD([p], lr=0.1).step()
+    torch.optim.SGD([p], lr=0.1)
+
+if __name__ == "__main__":
+    for f in (dist.all_reduce, Optimizer.__init__, save, torch.no_grad.__enter__, dist.distributed_c10d.Work.wait):
+        inner = f.__wrapped__
+        assert f is not inner and f.__doc__ == inner.__doc__ and f.__qualname__ == inner.__qualname__, f
+        assert f.__name__ == inner.__name__ and f.__module__ == inner.__module__, f
+    children = [multiprocessing.get_context("fork").Process(target=rank_main) for _ in range(2)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join()
+    print(*(child.exitcode for child in children))
+"""
+
+
+def test_patched_functions_keep_their_names_and_ranks_started_by_fork_say_they_are_not_measured(tmp_path: Path,
+                                                                                              ) -> None:
+    """One interpreter for two checks. Each patch is the library's function to whoever reads it (LightningCLI
+    reads Trainer.__init__'s docstring, inspect.signature follows __wrapped__). Lightning's ddp_fork: a forked child
+    that trains is not measured (it inherits the parent's half-set-up state), and says so once per process; the
+    parent, which trains nothing, is silent."""
+    result = instrumented(sys.executable, "-c", FORKED, env={"GOODPUT_INGEST_SOCKET_PATH": str(tmp_path / "none")})
+    assert result.returncode == 0 and result.stdout.split() == ["0", "0"], result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if "goodput" in line]
+    assert len(lines) == 2 and all("started by fork" in line and "not measured" in line for line in lines), lines

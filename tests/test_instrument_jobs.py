@@ -136,6 +136,9 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                                       PYTHONPATH=str(JOBS / "faults"),
                                       GOODPUT_TEST_FAULTS=",".join(f"{k}:{v}" for k, v in FAULTS.items()))
             runs["explicit"] = job_venv("explicit", True, script="train_ddp.py", steps=6, SOCKET=sock, STEPS="6")
+            # an explicit Telemetry timing comm_wait only (a wait no probe sees in it), no steps, no compute
+            runs["explicit-phases"] = job_venv("explicit-phases", True, script="train_ddp.py", steps=6, SOCKET=sock,
+                                               STEPS="6", PHASES="comm_wait", STEP_BLOCK="0", UNSEEN_WAIT="0.02")
             bare = pool.submit(dev, "hf-bare", "hf_trainer.py", 1, 8, instrumented=False)
             runs["hf"] = dev("hf", "hf_trainer.py", 1, 8, GOODPUT_WORKLOAD="hf-trainer")
             runs["hf-bare"] = bare.result()
@@ -143,7 +146,7 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
                                MASTER_PORT=str(free_port()))
             runs["lightning"] = dev("lightning", "lightning_ddp.py", 2, 6, MASTER_PORT=str(free_port()))
             runs["lightning-bare"] = bare.result()
-            runs["misc"] = dev("misc", "misc_single.py", 1, 6, MASTER_ADDR="127.0.0.1",
+            runs["misc"] = dev("misc", "misc_single.py", 1, 11, MASTER_ADDR="127.0.0.1",
                                MASTER_PORT=str(free_port()))
             # one rank, failing after step 6 and restarted by torchrun: it resumes from its step-4 checkpoint
             runs["restart"] = job_venv("restart", True, ranks=1, steps=10, launcher=("--max-restarts", "1"),
@@ -166,6 +169,14 @@ def _phases(text: str, workload: str | None, rank: int) -> dict[str, float]:
 def _agrees(reported: float, own: float) -> None:
     assert own > 0 and reported > 0, (reported, own)
     assert abs(reported - own) <= 0.05 * own, (reported, own)
+
+
+def _adds_up(text: str, workload: str | None, rank: int) -> dict[str, float]:
+    """The phases plus untracked make elapsed: nothing counted twice."""
+    phases = _phases(text, workload, rank)
+    elapsed = value(text, "goodput_elapsed_seconds_total", **_labels(workload, rank))
+    assert elapsed is not None and abs(sum(phases.values()) - elapsed) <= 1e-6 * elapsed, (phases, elapsed)
+    return phases
 
 
 def _accounted(text: str, workload: str | None, rank: int) -> dict[str, float]:
@@ -219,7 +230,7 @@ def test_the_wrapper_changes_nothing_the_job_computes(runs: Runs) -> None:
 def test_jobs_without_the_wrapper_report_nothing(runs: Runs) -> None:
     workloads = {row["workload"] for row in series(runs.text, "goodput_elapsed_seconds_total")}
     instrumented = {run.workload for run in runs.runs.values() if run.workload}
-    assert len(instrumented) == 7 and workloads == instrumented, workloads ^ instrumented
+    assert len(instrumented) == 8 and workloads == instrumented, workloads ^ instrumented
     assert all(run.workload is None for name, run in runs.runs.items() if name.endswith("bare"))
 
 
@@ -253,6 +264,17 @@ def test_a_job_that_also_reports_explicitly_is_counted_once(runs: Runs) -> None:
         assert 0 < phases["data_wait"] <= own["data_wait_outer"] + eps  # its data_wait(), not the probe's too
         assert phases["startup"] == 0  # the explicit Telemetry's elapsed time is the one counted
         assert value(text, "goodput_step_duration_seconds_count", **labels) == 6
+        _adds_up(text, explicit.workload, rank)
+    # the explicit comm_wait, not in the automatic compute as well: the phases add up to the elapsed time
+    explicit = runs.runs["explicit-phases"]
+    text = explicit.text
+    for rank in (0, 1):
+        own = explicit.own[rank]
+        assert value(text, "goodput_steps_total", **_labels(explicit.workload, rank)) == own["steps"] == 6
+        phases = _adds_up(text, explicit.workload, rank)
+        assert own["comm_wait_inner"] - eps <= phases["comm_wait"] <= own["comm_wait_outer"] + eps
+        assert phases["comm_wait"] >= 6 * 0.02  # the waits no probe saw
+        assert phases["compute"] <= own["step_outer"] - own["comm_wait_inner"]
 
 
 def test_hugging_face_trainer_with_gradient_accumulation(runs: Runs) -> None:
@@ -288,10 +310,12 @@ def test_compile_grad_scaler_and_distributed_checkpoints(runs: Runs) -> None:
     misc = runs.runs["misc"]
     text = misc.text
     labels = _labels(misc.workload, 0)
-    assert value(text, "goodput_steps_total", **labels) == misc.own[0]["steps"] == 6  # through GradScaler.step
+    assert value(text, "goodput_steps_total", **labels) == misc.own[0]["steps"] == 6 + 2 + 3  # replaced optimizer's
+    assert misc.own[0]["reduced"] == [3.0] * 4  # torch.compile(fullgraph=True) through the collectives' wrappers
     phases = _accounted(text, misc.workload, 0)
     for phase in ("compile", "checkpoint_save", "checkpoint_restore", "comm_wait"):
         assert phases[phase] > 0, phase
+    assert phases["eval"] == 0  # reentrant checkpointing's no_grad forwards are training
 
 
 def test_a_restarted_plain_loop_resumes_from_its_checkpoints_step(runs: Runs) -> None:

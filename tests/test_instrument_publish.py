@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,7 +22,7 @@ from conftest import ROOT, live_server, quick_config, wait_for
 from goodput_mixin.chart import manifests, render_chart
 from kubernetes_validate import validate
 
-from exporter.sources.ingest.publish import CURRENT, publish_client, version_name
+from exporter.sources.ingest.publish import CURRENT, KEEP_SECONDS, UnsafeDirectory, publish_client, version_name
 
 POLICY = ROOT / "deploy" / "examples" / "goodput-instrument" / "kyverno-clusterpolicy.yaml"
 REPORT = ("import sys, goodput_client.instrument.boot as boot; "
@@ -63,12 +64,39 @@ def test_a_new_version_replaces_current_and_keeps_the_one_before(tmp_path: Path)
     root = tmp_path / "client"
     older = root / "0.0.9-aaaaaaaaaaaa"
     oldest = root / "0.0.8-bbbbbbbbbbbb"
-    for folder in (older, oldest):
+    recent = root / "0.0.7-dddddddddddd"
+    for folder in (older, oldest, recent):
         (folder / "goodput_client").mkdir(parents=True)
+    week_ago = time.time() - KEEP_SECONDS - 60
+    for folder in (older, oldest):
+        os.utime(folder, (week_ago, week_ago))
     root.joinpath(CURRENT).symlink_to(older.name)
     published = publish_client(str(root))
     assert os.readlink(root / CURRENT) == published.name
     assert older.is_dir() and not oldest.exists()  # running pods may still read the one before
+    assert recent.is_dir()  # published within the week: a long-running pod may still import from it
+
+
+def test_a_client_directory_that_is_a_symbolic_link_is_refused_and_nothing_outside_is_touched(tmp_path: Path,
+                                                                                             ) -> None:
+    """A pod that can write into the socket directory replaces `client` with a link to a folder elsewhere: the
+    daemon must neither publish there nor prune what it finds there."""
+    elsewhere = tmp_path / "elsewhere"
+    victim = elsewhere / "0.0.1-cccccccccccc"
+    (victim / "goodput_client").mkdir(parents=True)
+    shared = tmp_path / "socket-dir"
+    shared.mkdir()
+    (shared / "client").symlink_to(elsewhere)
+    with pytest.raises(UnsafeDirectory, match="symbolic link"):
+        publish_client(str(shared / "client"))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name] and (victim / "goodput_client").is_dir()
+    # and a version folder inside a real client directory that links elsewhere
+    root = shared / "real"
+    root.mkdir()
+    (root / version_name()).symlink_to(elsewhere)
+    with pytest.raises(UnsafeDirectory):
+        publish_client(str(root))
+    assert sorted(p.name for p in elsewhere.iterdir()) == [victim.name]
 
 
 def test_the_daemon_publishes_at_start(tmp_path: Path) -> None:
@@ -169,24 +197,53 @@ def _merge(base: Any, patch: Any) -> Any:
     return patch
 
 
+def _kyverno(rule: dict[str, Any], pod: dict[str, Any]) -> dict[str, Any]:
+    """The rule applied as Kyverno would, its two JMESPath conditions evaluated here (no JMESPath here): the pod
+    only when a container requests nvidia.com/gpu, each container only when its env names no PYTHONPATH."""
+    gpu = rule["preconditions"]["all"][0]
+    assert "containers[].resources.limits.\"nvidia.com/gpu\"" in gpu["key"] and gpu["operator"] == "GreaterThan"
+    if not any("nvidia.com/gpu" in c.get("resources", {}).get("limits", {}) for c in pod["spec"]["containers"]):
+        return pod
+    (each,) = rule["mutate"]["foreach"]
+    assert each["list"] == "request.object.spec.containers"
+    (condition,) = each["preconditions"]["all"]
+    assert (condition["key"], condition["operator"]) == ("PYTHONPATH", "AnyNotIn")
+    assert condition["value"] == "{{ element.env[].name || `[]` }}"
+    for container in pod["spec"]["containers"]:
+        if any(e["name"] == "PYTHONPATH" for e in container.get("env", [])):
+            continue
+        patch = yaml.safe_load(yaml.safe_dump(each["patchStrategicMerge"]).replace("{{ element.name }}",
+                                                                                   container["name"]))
+        pod = _merge(pod, patch)
+    return pod
+
+
 def test_the_kyverno_policy_instruments_a_namespaces_pods_as_the_example_pod_is() -> None:
     """Not checked against Kyverno's CRD schema (no copy of it can be installed here from PyPI or npm): its patch,
     applied to a plain training pod, gives a pod that Kubernetes' own schema accepts (--strict), with the same
-    environment and mounts as the chart's example pod."""
+    environment and mounts as the chart's example pod; a container that sets PYTHONPATH, and a pod without GPUs,
+    are left alone; the socket's hostPath is DirectoryOrCreate (a node without the daemon still starts pods)."""
     (policy,) = [doc for doc in yaml.safe_load_all(POLICY.read_text()) if doc]
     assert (policy["apiVersion"], policy["kind"]) == ("kyverno.io/v1", "ClusterPolicy")
     (rule,) = policy["spec"]["rules"]
     selector = rule["match"]["any"][0]["resources"]
     assert selector["kinds"] == ["Pod"] and selector["namespaceSelector"]["matchLabels"]
+    own_path = {"name": "PYTHONPATH", "value": "/opt/app"}
     plain = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "train", "namespace": "research"},
              "spec": {"restartPolicy": "Never", "containers": [
                  {"name": "train", "image": "pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime",
-                  "command": ["torchrun", "train.py"], "env": [{"name": "EPOCHS", "value": "3"}]}]}}
-    mutated = _merge(plain, rule["mutate"]["patchStrategicMerge"])
+                  "command": ["torchrun", "train.py"], "env": [{"name": "EPOCHS", "value": "3"}],
+                  "resources": {"limits": {"nvidia.com/gpu": 1}}},
+                 {"name": "tool", "image": "python:3.12", "env": [own_path]}]}}
+    mutated = _kyverno(rule, plain)
     validate(mutated, "1.28.0", strict=True)
     example = next(o for o in manifests(render_chart({"instrumentExample": {"enabled": True}})) if o["kind"] == "Pod")
     (want,) = example["spec"]["containers"]
-    (got,) = mutated["spec"]["containers"]
+    got, tool = mutated["spec"]["containers"]
     assert _env(got) == {"EPOCHS": "3", **_env(want)}
     assert got["volumeMounts"] == want["volumeMounts"]
-    assert mutated["spec"]["volumes"] == example["spec"]["volumes"]
+    assert tool == plain["spec"]["containers"][1]  # its own PYTHONPATH: left alone
+    volumes = {v["name"]: v["hostPath"] for v in mutated["spec"]["volumes"]}
+    assert volumes == {v["name"]: {**v["hostPath"], "type": "DirectoryOrCreate"} for v in example["spec"]["volumes"]}
+    cpu = {**plain, "spec": {**plain["spec"], "containers": [{"name": "cpu", "image": "python:3.12"}]}}
+    assert _kyverno(rule, cpu) == cpu

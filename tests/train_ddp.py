@@ -8,6 +8,7 @@ run it in a venv holding only PyTorch and goodput-client, as a training image wo
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -23,7 +24,18 @@ from torch.utils.data import DataLoader, Dataset
 STEPS = int(os.environ.get("STEPS", "12"))
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))
 SLOW_SECONDS = float(os.environ.get("SLOW_SECONDS", "0"))
+# what the loop reports itself (the phases it times with telemetry.phase, whether it uses telemetry.step), and a
+# wait inside its comm_wait block that no goodput-instrument probe sees (as NCCL's on the GPU)
+PHASES = os.environ.get("PHASES", "compute,comm_wait").split(",")
+STEP_BLOCK = os.environ.get("STEP_BLOCK", "1") == "1"
+UNSEEN_WAIT = float(os.environ.get("UNSEEN_WAIT", "0"))
 DAEMON_MODULES = ("exporter", "fastapi", "httpx", "pydantic", "uvicorn", "grpc")
+
+
+class Batch:
+    """What a step block's target holds, without one."""
+
+    tokens = samples = 0
 
 
 class Numbers(Dataset):
@@ -59,7 +71,7 @@ def main() -> None:
     dist.barrier()
     for _ in range(STEPS):
         step_outer = time.perf_counter()
-        with telemetry.step() as step:
+        with telemetry.step() if STEP_BLOCK else contextlib.nullcontext(Batch()) as step:
             step_inner = time.perf_counter()
             started = time.perf_counter()
             batch = next(iterator)
@@ -67,7 +79,7 @@ def main() -> None:
             step.tokens, step.samples = batch.numel(), len(batch)
             for phase in ("compute", "comm_wait"):
                 outer = time.perf_counter()
-                with telemetry.phase(phase):
+                with telemetry.phase(phase) if phase in PHASES else contextlib.nullcontext():
                     inner = time.perf_counter()
                     if phase == "compute":
                         loss = model(batch).pow(2).mean()
@@ -76,6 +88,7 @@ def main() -> None:
                     else:
                         for param in model.parameters():
                             dist.all_reduce(param.grad)
+                        time.sleep(UNSEEN_WAIT)
                     measured[f"{phase}_inner"] += time.perf_counter() - inner
                 measured[f"{phase}_outer"] += time.perf_counter() - outer
             optimizer.step()

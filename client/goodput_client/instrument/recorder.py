@@ -24,6 +24,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 
 from ..contract import DEFAULT_SOCKET, SOCKET_ENV
 from ..telemetry import Telemetry
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
     import logging
     from collections.abc import Callable
 
+    from .probes.base import Probe
     from .settings import Settings
 
 _perf = time.perf_counter
@@ -75,10 +77,16 @@ class Recorder:
         self.samples = self.tokens = 0
         self.held_samples = self.held_tokens = 0
         self.stepping: object = None  # the optimizer whose step is running (the outermost one)
-        self.primary: int | None = None  # id() of the optimizer whose steps are counted
+        self.primary: Callable[[], object] | None = None  # the optimizer whose steps are counted (a weak reference)
+        # another optimizer's step in a row, held: (its id, when it ended, the window's other, excluded, samples,
+        # tokens then)
+        self.rival: tuple[int, float, float, float, int, int] | None = None
         self.steps = 0
         self.flops_source: Callable[[], float | None] | None = None  # a step's model FLOPs, when known
+        self.flops_provider: Probe | None = None  # the probe whose flops_source it is
+        self.next_number: int | None = None  # the number of the next step, where a Trainer resumed
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
+        self.forked = self.fork_told = False  # this process was forked from an instrumented one; it said so
 
     @property
     def live(self) -> bool:
@@ -171,9 +179,22 @@ class Recorder:
                 probe.uninstrument()
 
     def after_fork(self) -> None:
-        """In a forked child (a DataLoader worker): nothing of the parent's reporter, nothing measured."""
+        """In a forked child (a DataLoader worker, a rank of Lightning's ddp_fork): nothing of the parent's reporter,
+        nothing measured. One that goes on to train says so once (`forked_trains`)."""
         self.state = "off"
         self.telemetry = None
+        self.forked = True
+
+    def forked_trains(self) -> None:
+        """A forked child builds an optimizer: a rank started by fork, not measured; one log line."""
+        if not self.forked or self.fork_told:
+            return
+        self.fork_told = True
+        data = sys.modules.get("torch.utils.data")
+        if data is not None and data.get_worker_info() is not None:
+            return  # a DataLoader worker: silent
+        _log().warning("goodput-instrument: this process was started by fork (Lightning's ddp_fork, multiprocessing's "
+                       "fork start method) and is not measured; start ranks with torchrun or spawn to measure them")
 
     # --- the explicit client ---------------------------------------------------------------------------
 
@@ -181,11 +202,29 @@ class Recorder:
         if self.explicit is not None:
             return
         self.explicit = telemetry
+        put = telemetry._put
+        recorder = self
+
+        def _put(event: tuple) -> None:  # type: ignore[type-arg]
+            put(event)
+            if event[0] == "phase":
+                with contextlib.suppress(Exception):  # never into the job
+                    recorder.explicit_phase(event[1], event[2])
+
+        telemetry._put = _put  # type: ignore[method-assign]  # this instance only; ours bypass it (_put_phase)
         if self.state == "active" and self.own and threading.get_ident() == self.thread:
             own, self.telemetry, self.own = self.telemetry, telemetry, False
             self.deferred = {}
             with contextlib.suppress(Exception):  # the job's own reporter goes on regardless
                 own.close()  # type: ignore[union-attr]
+
+    def explicit_phase(self, name: str, seconds: float) -> None:
+        """The explicit reporter sent a phase: its seconds are the window's, not its automatic compute's (the
+        probes' phases it covers are not counted in the window: `phase`)."""
+        if self.state == "active" and not self.own and threading.get_ident() == self.thread:
+            self.window_other += seconds
+            if name in NOT_STEP:
+                self.window_excluded += seconds
 
     def _sink(self, kind: str) -> Telemetry | None:
         telemetry = self.telemetry
@@ -223,10 +262,12 @@ class Recorder:
         if self.state == "waiting":
             self.pre[name] = self.pre.get(name, 0.0) + seconds
             return
+        telemetry = self._sink(name)
+        if telemetry is None and not self.own and self.telemetry is not None:
+            return  # the explicit reporter's time (a phase it reports, or inside its open phase block)
         self.window_other += seconds
         if name in NOT_STEP:
             self.window_excluded += seconds
-        telemetry = self._sink(name)
         if telemetry is None:
             return
         if self.deferred is not None:
@@ -244,11 +285,11 @@ class Recorder:
 
     # --- evaluation in plain loops: no_grad / inference_mode blocks that run a forward pass --------------
 
-    def grad_off_enter(self) -> bool:
+    def grad_off_enter(self, grad_was_on: bool = True) -> bool:
         """A no_grad or inference_mode block opens; True when it is a candidate evaluation (the outermost such
-        block, outside any phase and any optimizer step, in a training process)."""
+        block, opened with gradients on, outside any phase and any optimizer step, in a training process)."""
         self.grad_off += 1
-        if (self.grad_off == 1 and self.depth == 0 and self.held is None and self.stepping is None
+        if (self.grad_off == 1 and grad_was_on and self.depth == 0 and self.held is None and self.stepping is None
                 and self.state == "active" and threading.get_ident() == self.thread):
             self.held = []
             self.held_samples = self.held_tokens = 0
@@ -282,17 +323,53 @@ class Recorder:
         self.stepping = None
         if self.state != "active" or threading.get_ident() != self.thread:
             return
-        if self.primary is None:
-            self.primary = id(optimizer)
-        elif self.primary != id(optimizer):
-            return  # a second optimizer (a GAN's discriminator): the first one's steps are the job's steps
         now = _perf()
+        if not self._counts(optimizer, now):
+            return
+        self._close(now, self.window_other, self.window_excluded, self.samples, self.tokens)
+
+    def _counts(self, optimizer: object, now: float) -> bool:
+        """Whether this optimizer's step is a step of the job. The first optimizer to step is counted; another is
+        adopted in its place once the first is gone (garbage collected) or once it steps twice with no step of the
+        first in between (the first was replaced and is still referenced: Lightning's lr_find then fit, Hugging
+        Face's auto_find_batch_size, a staged fine-tuning). A second optimizer that alternates with the first (a
+        GAN's discriminator) is never counted. On adoption its first step, held until then, is counted too."""
+        primary = self.primary() if self.primary is not None else None
+        if primary is optimizer:
+            self.rival = None
+            return True
+        if primary is not None:
+            rival = self.rival
+            if rival is None or rival[0] != id(optimizer):
+                # its first step in a row: held, as the window's figures at its end
+                self.rival = (id(optimizer), now, self.window_other, self.window_excluded, self.samples, self.tokens)
+                return False
+            # the second: the replaced optimizer's window ended at its first step
+            _, then, other, excluded, samples, tokens = rival
+            self._close(then, other, excluded, samples, tokens, start_at=then)
+            self.window_other -= other
+            self.window_excluded -= excluded
+            self.samples -= samples
+            self.tokens -= tokens
+        self.rival = None
+        try:
+            self.primary = weakref.ref(optimizer)
+        except TypeError:  # an optimizer class with __slots__ and no __weakref__: held, then
+            self.primary = lambda: optimizer
+        return True
+
+    def _close(self, now: float, other: float, excluded: float, samples: int, tokens: int,
+               start_at: float | None = None) -> None:
+        """A step ends at `now`: its window's compute and the step sent; the next window starts (at `start_at`,
+        with the figures left after this one's, when a held step is sent late)."""
         window = now - self.window_start
-        compute = window - self.window_other
-        duration = window - self.window_excluded
-        samples, tokens = self.samples, self.tokens
-        self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
-        self.samples = self.tokens = 0
+        compute = window - other
+        duration = window - excluded
+        if start_at is None:
+            self.window_start, self.window_other, self.window_excluded = now, 0.0, 0.0
+            self.samples = self.tokens = 0
+        else:
+            self.window_start = start_at
         self.steps += 1
         if self.deferred is not None:  # the explicit reporter's kinds are known now
             deferred, self.deferred = self.deferred, None
@@ -302,13 +379,20 @@ class Recorder:
                     _put_phase(sink, name, seconds, elapsed=False)
         flops = None
         if self.flops_source is not None:
-            flops = self.flops_source()
+            try:
+                flops = self.flops_source()
+            except Exception as exc:  # the FLOPs provider only is off: the step is counted all the same
+                self.flops_source = None
+                provider = self.flops_provider
+                if provider is not None:
+                    provider.failed(exc)
         telemetry = self._sink("compute")
         if telemetry is not None:
             _put_phase(telemetry, "compute", max(0.0, compute), elapsed=True)
         telemetry = self._sink("step")
         if telemetry is not None:
-            _record_step(telemetry, duration, tokens, samples, flops=flops)
+            number, self.next_number = self.next_number, None
+            _record_step(telemetry, duration, tokens, samples, step=number, flops=flops)
 
     def checkpoint_loaded(self, step: int) -> None:
         """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,
@@ -325,17 +409,18 @@ class Recorder:
             self.resumed(step)
 
     def resumed(self, step: int) -> None:
-        """A Trainer resumed training after its global step `step`: the steps count on from there."""
-        telemetry = self._sink("step")
-        if telemetry is not None and step > 0:
-            telemetry.lifecycle("restart", resumed_from_step=step)
+        """A Trainer resumed training after its global step `step`: the steps count on from there. The next step
+        carries its number, step+1 (the daemon takes a number at or below the last it saw, after a restart, as the
+        point the rank went back to); no lifecycle event, which the daemon would count as one more restart."""
+        if step > 0:
+            self.next_number = step + 1
 
 
 def _put_phase(telemetry: Telemetry, name: str, seconds: float, *, elapsed: bool) -> None:
     """Queue a phase event. Only the events that end a window (the step's compute, the start-up) carry the elapsed
     time: the daemon counts elapsed time no phase covers as untracked at once, and a phase reported inside a window
     whose compute is not sent yet would leave that compute untracked as well as computed."""
-    telemetry._put(("phase", name, seconds, _perf() - telemetry._t0 if elapsed else None))
+    Telemetry._put(telemetry, ("phase", name, seconds, _perf() - telemetry._t0 if elapsed else None))
 
 
 def watch_explicit(recorder: Recorder) -> None:

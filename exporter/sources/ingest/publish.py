@@ -8,7 +8,8 @@ the daemon's version, with nothing installed in the jobs' images.
 
 A version is written whole into a temporary directory and renamed into place; `current` is a symbolic link, replaced
 by a rename: a pod starting at any moment sees one whole version. Processes already running keep the version they
-loaded (the sitecustomize resolves `current` once); the version before stays, older ones are removed.
+loaded (the sitecustomize resolves `current` once); the version before stays, and so does every version published
+less than KEEP_SECONDS (a week) ago: a long-running pod may still import a module of its version lazily.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import hashlib
 import logging
 import os
 import shutil
+import stat
 import tempfile
+import time
 from pathlib import Path
 
 import goodput_client
@@ -27,6 +30,7 @@ import goodput_client
 log = logging.getLogger(__name__)
 
 CURRENT = "current"
+KEEP_SECONDS = 7 * 86400  # a version published less than a week ago stays: pods started from it may still import
 SITECUSTOMIZE = Path(goodput_client.__file__).parent / "instrument" / "autoload" / "sitecustomize.py"
 
 
@@ -44,14 +48,39 @@ def version_name(package: Path | None = None) -> str:
     return f"{goodput_client.__version__}-{digest.hexdigest()[:12]}"
 
 
+class UnsafeDirectory(OSError):
+    """The client directory, or a folder in it, is a symbolic link or not the daemon's own: not written into."""
+
+
+def _own_directory(path: Path) -> None:
+    """Raise UnsafeDirectory unless `path` is a directory itself (no symbolic link) owned by this process's user:
+    a pod that can write where the directory is (the socket directory, mounted writable) could otherwise point it
+    elsewhere, and the daemon would write, and prune, there."""
+    info = os.lstat(path)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise UnsafeDirectory(f"{path} is a symbolic link or not a directory: refusing to publish through it")
+    if info.st_uid != os.geteuid():
+        raise UnsafeDirectory(f"{path} belongs to uid {info.st_uid}, not this daemon's {os.geteuid()}: refusing to "
+                              "publish into it")
+
+
 def publish_client(directory: str) -> Path:
-    """Publish the client into `directory` (made if missing) and point `current` at it; returns its folder."""
+    """Publish the client into `directory` (made if missing) and point `current` at it; returns its folder. Raises
+    UnsafeDirectory, before writing anything, when the directory, its parent or an existing version folder is a
+    symbolic link or another user's."""
     package = Path(goodput_client.__file__).parent
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(root.parent):
+        root.parent.mkdir(parents=True, exist_ok=True)
+    _own_directory(root.parent)
+    if not os.path.lexists(root):
+        root.mkdir()
+    _own_directory(root)
     name = version_name(package)
     target = root / name
-    if not target.is_dir():
+    if os.path.lexists(target):
+        _own_directory(target)
+    else:
         staging = Path(tempfile.mkdtemp(prefix=".publish-", dir=root))
         try:
             for path in _sources(package):
@@ -84,9 +113,19 @@ def publish_client(directory: str) -> Path:
 
 
 def _prune(root: Path, keep: set[str]) -> None:
-    """Remove older versions and leftovers of interrupted publications."""
+    """Remove versions older than KEEP_SECONDS (other than the current one and the one before) and leftovers of
+    interrupted publications. A process keeps importing lazily from the version it started with (a module it
+    imports first hours in): a version goes only once no pod could plausibly still be running from it."""
+    now = time.time()
     for entry in root.iterdir():
         if entry.name == CURRENT or entry.name in keep or entry.is_symlink():
             continue
-        if entry.is_dir() and (entry.name.startswith(".publish-") or entry.name.split("-")[0][:1].isdigit()):
+        with contextlib.suppress(OSError):
+            if entry.lstat().st_uid != os.geteuid():
+                continue  # not written by this daemon: left alone
+        version = entry.name.split("-")[0][:1].isdigit()
+        with contextlib.suppress(OSError):
+            if version and now - entry.lstat().st_mtime < KEEP_SECONDS:
+                continue
+        if entry.is_dir() and (entry.name.startswith(".publish-") or version):
             shutil.rmtree(entry, ignore_errors=True)

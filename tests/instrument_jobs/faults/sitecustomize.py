@@ -15,7 +15,7 @@ def _inject() -> None:
     from goodput_client.instrument.probes import PROBES
 
     # where each probe's own code runs, inside its guard
-    points = {"steps": "ended", "eval": "evaluated", "flops": "after_step"}
+    points = {"steps": "ended", "eval": "evaluated", "flops": "measured"}  # flops: the source each step reads
     for probe_class in PROBES:
         if probe_class.name not in wanted:
             continue

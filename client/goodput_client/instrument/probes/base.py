@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,6 +21,30 @@ if TYPE_CHECKING:
     from ..recorder import Recorder
 
 LOGGER = "goodput_client.instrument"
+
+
+_is_compiling: Callable[[], bool] | None = None
+
+
+def compiling() -> bool:
+    """torch.compiler.is_compiling() (False for a torch without it): True while dynamo traces. A patch that dynamo
+    traces into must call the original at once, before any code of ours (a thread id, a clock) that dynamo cannot
+    put in a graph: torch.compile(fullgraph=True) over a collective would raise. Looked up on the first call (a
+    probe is installed while torch is still importing, before torch.compiler is there)."""
+    global _is_compiling
+    check = _is_compiling
+    if check is None:
+        torch = sys.modules.get("torch")
+        compiler = getattr(torch, "compiler", None)
+        if compiler is None:
+            return False
+        found = getattr(compiler, "is_compiling", None)
+        check = _is_compiling = found if callable(found) else _never
+    return check()
+
+
+def _never() -> bool:
+    return False
 
 
 class Probe:
@@ -66,8 +91,10 @@ class Probe:
         """Replace `owner.attribute` with `make(original)`."""
         original = getattr(owner, attribute)
         replacement = make(original)  # type: ignore[operator]
+        # its name, qualified name, docstring, and __wrapped__: what inspect.signature, LightningCLI (which reads
+        # Trainer.__init__'s docstring), help() and jsonargparse read
         with contextlib.suppress(AttributeError, TypeError):
-            replacement.__wrapped__ = original
+            functools.update_wrapper(replacement, original)
         setattr(owner, attribute, replacement)
         self._patches.append((owner, attribute, original))
 
@@ -101,7 +128,7 @@ class Probe:
         def make(original: Callable[..., Any]) -> Callable[..., Any]:
             @functools.wraps(original)
             def timed_call(*args: Any, **kwargs: Any) -> Any:
-                if not probe.on:
+                if compiling() or not probe.on:
                     return original(*args, **kwargs)
                 started = probe.start()
                 try:
@@ -110,6 +137,17 @@ class Probe:
                     probe.finish(name, started)
             return timed_call
         return make
+
+    def guarded(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """`fn(*args)`, the probe's own code, when the probe is on (None when off): an exception there is the
+        probe's failure (logged once, the probe off) and gives None; the library's call around it goes on."""
+        if not self.on:
+            return None
+        try:
+            return fn(*args)
+        except Exception as exc:
+            self.failed(exc)
+            return None
 
     def failed(self, exc: BaseException) -> None:
         """An exception in this probe's own code: logged once, and the probe turned off for the process."""

@@ -38,11 +38,8 @@ class CheckpointProbe(Probe):
 
         def load(*args: Any, **kwargs: Any) -> Any:
             result = timed(*args, **kwargs)
-            if probe.on and isinstance(result, dict):
-                try:
-                    probe.loaded(result)
-                except Exception as exc:
-                    probe.failed(exc)
+            if isinstance(result, dict):
+                probe.guarded(probe.loaded, result)
             return result
         return load
 

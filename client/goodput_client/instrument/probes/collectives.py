@@ -6,7 +6,7 @@ gradient all-reduce, waited for inside backward) are not seen: that wait stays i
 
 from __future__ import annotations
 
-from .base import Probe
+from .base import Probe, compiling
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -25,10 +25,19 @@ class CollectivesProbe(Probe):
     def install(self, module: Any) -> None:
         from torch.distributed import distributed_c10d
 
+        made: dict[int, Any] = {}  # one wrapper per function: torch.distributed's name and distributed_c10d's are one
+        # function, and dynamo's table of the collectives it traces (keyed by that function as it was when
+        # torch.distributed._functional_collectives was imported) must find whichever name a job calls
+
+        def wrapper(original: Any) -> Any:
+            if id(original) not in made:
+                made[id(original)] = self._blocking(original)
+            return made[id(original)]
+
         for owner in (distributed_c10d, module):
             for attribute in COLLECTIVES:
                 if hasattr(owner, attribute):
-                    self.patch(owner, attribute, self._blocking)
+                    self.patch(owner, attribute, wrapper)
         work = getattr(getattr(module, "distributed_c10d", None), "Work", None)
         if work is not None:
             self.patch(work, "wait", self.timed("comm_wait"))
@@ -38,7 +47,15 @@ class CollectivesProbe(Probe):
         timed = self.timed("comm_wait")(original)
 
         def collective(*args: Any, **kwargs: Any) -> Any:
-            if kwargs.get("async_op"):
+            if compiling() or kwargs.get("async_op"):
                 return original(*args, **kwargs)
             return timed(*args, **kwargs)
         return collective
+
+    def uninstrument(self) -> None:
+        """Off, the wrappers stay (each calls the collective at once): dynamo's table of the collectives it traces
+        as functional ones (torch.distributed._functional_collectives) holds the functions torch.distributed had
+        when it was imported, ours when that was after this probe's install; put back, the originals would no
+        longer be in it and a torch.compile(fullgraph=True) over a collective would fail."""
+        self.on = False
+        self.removed()

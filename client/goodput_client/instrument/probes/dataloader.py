@@ -35,10 +35,7 @@ class DataLoaderProbe(Probe):
                     outermost = probe.recorder.depth == 1  # a batch of training, not of an evaluation's loop
                     probe.finish("data_wait", started)
                     if outermost:
-                        try:
-                            probe.count(batch)
-                        except Exception as exc:
-                            probe.failed(exc)
+                        probe.guarded(probe.count, batch)
                 return batch
             return __next__
 

@@ -26,6 +26,7 @@ class EvalProbe(Probe):
         from torch.nn.modules import module as nn_module
 
         self._register = nn_module.register_module_forward_pre_hook
+        self._grad_enabled = torch.is_grad_enabled
         self._stack: list[tuple[bool, float, Any, list[bool]] | None] = []
         for owner in (torch.no_grad, torch.inference_mode):
             self.patch(owner, "__enter__", self._entering)
@@ -36,12 +37,16 @@ class EvalProbe(Probe):
         recorder = self.recorder
 
         def __enter__(self: object) -> Any:
+            if not probe.on:
+                return original(self)
+            try:
+                enabled = probe._grad_enabled()
+            except Exception as exc:
+                probe.failed(exc)
+                return original(self)
             result = original(self)
             if probe.on and recorder.live:
-                try:
-                    probe.opened()
-                except Exception as exc:
-                    probe.failed(exc)
+                probe.guarded(probe.opened, enabled)
             return result
         return __enter__
 
@@ -52,15 +57,16 @@ class EvalProbe(Probe):
         def __exit__(self: object, *args: Any) -> Any:
             result = original(self, *args)
             if probe.on and probe._stack and recorder.live:
-                try:
-                    probe.closed()
-                except Exception as exc:
-                    probe.failed(exc)
+                probe.guarded(probe.closed)
             return result
         return __exit__
 
-    def opened(self) -> None:
-        if not self.recorder.grad_off_enter():
+    def opened(self, enabled: bool = True) -> None:
+        """A block opens; `enabled`: whether gradients were on just before it. Only such a block can be an
+        evaluation: reentrant activation checkpointing (torch.utils.checkpoint use_reentrant=True, DeepSpeed's,
+        fairscale's) runs the training forward under no_grad inside an autograd.Function's forward, where
+        gradients are already off."""
+        if not self.recorder.grad_off_enter(enabled):
             self._stack.append(None)
             return
         seen = [False]

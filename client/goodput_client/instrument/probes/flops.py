@@ -29,21 +29,18 @@ class FlopsProbe(Probe):
         self._handle = optimizer.register_optimizer_step_post_hook(self._after_step)
 
     def _after_step(self, optimizer: object, args: object, kwargs: object) -> None:
-        if self.on:
-            try:
-                self.after_step(optimizer)
-            except Exception as exc:
-                self.failed(exc)
+        self.guarded(self.after_step, optimizer)
 
     def after_step(self, optimizer: object) -> None:
         recorder = self.recorder
-        if recorder.primary != id(optimizer) or recorder.stepping is not None:
+        primary = recorder.primary() if recorder.primary is not None else None
+        if primary is not optimizer or recorder.stepping is not None:
             return
         if self._mode is not None:  # the measured step ends here
             mode, self._mode = self._mode, None
             mode.__exit__(None, None, None)
-            flops = float(mode.get_total_flops())
-            recorder.flops_source = lambda: flops
+            self._flops = float(mode.get_total_flops())
+            recorder.flops_source, recorder.flops_provider = self.measured, self
             self._counted = -1  # done: no other step is measured
             return
         self._counted += 1
@@ -53,7 +50,13 @@ class FlopsProbe(Probe):
             self._mode = FlopCounterMode(display=False)
             self._mode.__enter__()
 
+    def measured(self) -> float | None:
+        """The measured step's FLOPs, for each step after it (the recorder's flops_source)."""
+        return self._flops
+
     def removed(self) -> None:
+        if self.recorder.flops_provider is self:
+            self.recorder.flops_source = self.recorder.flops_provider = None
         # the hook stays registered (it returns at once once off): see OptimizerProbe
         mode = getattr(self, "_mode", None)
         if mode is not None:

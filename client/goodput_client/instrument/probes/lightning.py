@@ -27,12 +27,7 @@ class LightningProbe(Probe):
                 self._eval: list[float | None] = []
 
             def on_train_start(self, trainer: Any, pl_module: Any) -> None:
-                if probe.on:
-                    try:
-                        probe.recorder.activate("lightning Trainer.fit")
-                        probe.recorder.resumed(int(trainer.global_step or 0))
-                    except Exception as exc:
-                        probe.failed(exc)
+                probe.guarded(probe.train_starts, trainer)
 
             def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
                 if probe.on:
@@ -45,12 +40,12 @@ class LightningProbe(Probe):
         def make(original: Any) -> Any:
             def __init__(trainer: Any, *args: Any, **kwargs: Any) -> None:
                 original(trainer, *args, **kwargs)
-                if probe.on:
-                    try:
-                        trainer.callbacks.append(GoodputInstrumentCallback())
-                    except Exception as exc:
-                        probe.failed(exc)
+                probe.guarded(lambda: trainer.callbacks.append(GoodputInstrumentCallback()))
             return __init__
 
         self.patch(module.Trainer, "__init__", make)
         self.patch(module.Trainer, "save_checkpoint", self.timed("checkpoint_save"))
+
+    def train_starts(self, trainer: Any) -> None:
+        self.recorder.activate("lightning Trainer.fit")
+        self.recorder.resumed(int(trainer.global_step or 0))

@@ -2,7 +2,8 @@
 so every torch.optim optimizer counts, whoever calls its step(): the loop, GradScaler.step, accelerate's and
 Lightning's wrappers. Under gradient accumulation a step is an optimizer step. A step that GradScaler skips (inf or
 NaN gradients) calls no optimizer step and is not counted. With several optimizers, the first to step is the one
-counted. Building the first optimizer is where training starts (the recorder activates)."""
+counted, until it is gone or replaced (another steps twice in a row: recorder.Recorder._counts). Building the first
+optimizer is where training starts (the recorder activates)."""
 
 from __future__ import annotations
 
@@ -24,18 +25,10 @@ class OptimizerProbe(Probe):
         probe = self
 
         def before(optimizer: object, args: object, kwargs: object) -> None:
-            if probe.on:
-                try:
-                    probe.began(optimizer)
-                except Exception as exc:
-                    probe.failed(exc)
+            probe.guarded(probe.began, optimizer)
 
         def after(optimizer: object, args: object, kwargs: object) -> None:
-            if probe.on:
-                try:
-                    probe.ended(optimizer)
-                except Exception as exc:
-                    probe.failed(exc)
+            probe.guarded(probe.ended, optimizer)
 
         self._handles = [module.register_optimizer_step_pre_hook(before),
                          module.register_optimizer_step_post_hook(after)]
@@ -43,14 +36,18 @@ class OptimizerProbe(Probe):
         def make(original: Any) -> Any:
             def __init__(self: object, *args: Any, **kwargs: Any) -> None:
                 original(self, *args, **kwargs)
-                if probe.on and recorder.state == "waiting":
-                    try:
-                        recorder.activate(f"{type(self).__name__} built")
-                    except Exception as exc:
-                        probe.failed(exc)
+                if recorder.state == "waiting" or recorder.forked:
+                    probe.guarded(probe.built, self)
             return __init__
 
         self.patch(module.Optimizer, "__init__", make)
+
+    def built(self, optimizer: object) -> None:
+        """An optimizer was built: training starts (in a forked child: it says it is not measured)."""
+        if self.recorder.forked:
+            self.recorder.forked_trains()
+        else:
+            self.recorder.activate(f"{type(optimizer).__name__} built")
 
     def began(self, optimizer: object) -> None:
         self.recorder.step_begins(optimizer)

@@ -33,11 +33,7 @@ class TransformersProbe(Probe):
         probe = self
 
         def train(trainer: Any, *args: Any, **kwargs: Any) -> Any:
-            if probe.on:
-                try:
-                    probe.starting(trainer)
-                except Exception as exc:
-                    probe.failed(exc)
+            probe.guarded(probe.starting, trainer)
             return original(trainer, *args, **kwargs)
         return train
 
@@ -51,7 +47,7 @@ class TransformersProbe(Probe):
             counted, self._flops = self._flops, 0.0
             return counted if counted > 0 else None
 
-        self.recorder.flops_source = flops
+        self.recorder.flops_source, self.recorder.flops_provider = flops, self
 
     def _counting(self, original: Any) -> Any:
         """Trainer.floating_point_ops, called once per micro-batch of training: its figures, summed per step."""
@@ -59,13 +55,12 @@ class TransformersProbe(Probe):
 
         def floating_point_ops(trainer: Any, *args: Any, **kwargs: Any) -> Any:
             result = original(trainer, *args, **kwargs)
-            if probe.on:
-                try:
-                    probe._flops += float(result)
-                except Exception as exc:
-                    probe.failed(exc)
+            probe.guarded(probe.add_flops, result)
             return result
         return floating_point_ops
+
+    def add_flops(self, result: Any) -> None:
+        self._flops += float(result)
 
     def _make_callback(self, module: Any) -> type:
         probe = self
@@ -74,14 +69,14 @@ class TransformersProbe(Probe):
             """goodput-instrument's: the global step at the start of training."""
 
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                if probe.on:
-                    try:
-                        probe.recorder.activate("transformers.Trainer.train")
-                        probe.recorder.resumed(int(state.global_step or 0))
-                    except Exception as exc:
-                        probe.failed(exc)
+                probe.guarded(probe.train_begins, state.global_step)
 
         return GoodputInstrumentCallback
 
+    def train_begins(self, global_step: int | None) -> None:
+        self.recorder.activate("transformers.Trainer.train")
+        self.recorder.resumed(int(global_step or 0))
+
     def removed(self) -> None:
-        self.recorder.flops_source = None
+        if self.recorder.flops_provider is self:
+            self.recorder.flops_source = self.recorder.flops_provider = None
