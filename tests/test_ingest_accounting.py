@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 
 import pytest
 from conftest import ManualClock, samples
 
 from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.ingest.accounting import History
 from exporter.sources.ingest.models import EventBatch
 from exporter.sources.ingest.state import IngestState
-from exporter.sources.ingest.statefile import FILE_NAME, StateFile
+from exporter.sources.ingest.statefile import FILE_NAME, JOURNAL_MIN, JOURNAL_NAME, StateFile
 
 START = 1_760_000_000.0
 LATER = START + 3600.0
@@ -296,3 +298,48 @@ def test_a_dormant_ranks_accounting_stays_published_so_its_restart_shows_in_rate
     assert of(metrics(ingest), "goodput_downtime_seconds_total") == pytest.approx(500.0)
     clock.advance(ingest.restart_window + 1000.0)
     assert not [k for k in metrics(ingest) if k[0] == "goodput_elapsed_seconds_total"]
+
+
+def test_the_state_journal_replays_to_the_histories_it_followed() -> None:
+    """Random steps (repeats, gaps, jumps past the history, new runs), deltas taken at random, some lost (a write
+    that failed): applying those written, in order, always gives the live history."""
+    rng = random.Random(35)
+    for _ in range(200):
+        live, replica = History(50), History(50)
+        for _ in range(rng.randrange(1, 40)):
+            for _ in range(rng.randrange(0, 30)):
+                roll = rng.random()
+                if roll < 0.02:
+                    live = History(50)  # a new run: a new history
+                    continue
+                base = live.first + len(live)
+                step = rng.choice([base, base + 1, base + rng.randrange(2, 9), base + rng.randrange(50, 200),
+                                   max(0, base - rng.randrange(1, 60))])
+                live.add(step, rng.random(), rng.random())
+            delta = json.loads(json.dumps(live.delta()))  # as the journal writes and reads it
+            if rng.random() < 0.3:
+                continue  # the write failed: the next delta covers it
+            replica.apply(delta)
+            live.written()
+            assert (replica.first, list(map(repr, replica.durations)), list(map(repr, replica.computes))) == \
+                (live.first, list(map(repr, live.durations)), list(map(repr, live.computes)))
+
+
+def test_a_restart_restores_the_snapshot_and_the_journal_after_it(tmp_path: Path) -> None:
+    clock = ManualClock(LATER)
+    before = state(tmp_path, clock)
+    send(before, start(START))
+    run_steps(before, 1, 10, 0.0, {})
+    before.snapshot()  # the first save: a snapshot
+    run_steps(before, 11, 20, 10.0, {})
+    send(before, step(15, 1.0, 25.0, tokens=7, samples=3))  # a step seen again, and more tokens
+    found = metrics(before)  # saved into the journal, then shown
+    assert (tmp_path / JOURNAL_NAME).stat().st_size >= JOURNAL_MIN  # its space allocated ahead
+    after = state(tmp_path, clock)  # a kill -9: no snapshot at shutdown
+    live, restored = before._ranks[(W, R)].account, after._dormant[(W, R)]
+    assert restored.to_dict() == live.to_dict()
+    assert of(found, "goodput_steps_total") == restored.steps == 21
+    assert of(found, "goodput_tokens_total") == restored.tokens == 7
+    shown = metrics(after)  # dormant until the rank reports again: its accounting still published, as it was
+    for name in ("goodput_elapsed_seconds_total", "goodput_downtime_seconds_total", "goodput_wasted_steps_total"):
+        assert of(shown, name) == of(found, name), name

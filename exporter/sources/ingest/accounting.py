@@ -38,18 +38,19 @@ class History:
     """The first duration and compute seconds of each of the last `size` step numbers seen (contiguous from
     `first`; NaN for a number never seen), in two flat arrays: 16 bytes a step."""
 
-    __slots__ = ("computes", "dirty", "durations", "first", "fresh", "size", "unsaved")
+    __slots__ = ("computes", "dirty", "durations", "first", "fresh", "size", "unsaved", "unsaved_fresh")
 
     def __init__(self, size: int, first: int = 0) -> None:
         self.size = size
         self.first = first
         self.durations = array("d")
         self.computes = array("d")
-        # for the state journal: the first step number changed since the last `delta` (None: none), the first one a
-        # delta not yet known written covers, and whether the history began anew since the last written delta
+        # for the state journal: the first step number changed since the last `delta` (None: none) and whether the
+        # history began anew since then; the same of the deltas taken but not yet known written
         self.dirty: int | None = None
-        self.unsaved: int | None = None
         self.fresh = True
+        self.unsaved: int | None = None
+        self.unsaved_fresh = False
 
     def __len__(self) -> int:
         return len(self.durations)
@@ -85,20 +86,22 @@ class History:
         self.dirty = step if self.dirty is None else min(self.dirty, step)
 
     def delta(self) -> dict[str, Any]:
-        """What changed since the last delta written (`written`): the steps from the first changed one on. Applied by
-        `apply` to the history as it was after that delta."""
+        """What changed since the last delta known written (`written`): the steps from the first changed one on (all
+        of them when the history began anew). Applied by `apply` to the history as it was after that delta."""
+        new = self.fresh or self.unsaved_fresh
         marks = [m for m in (self.dirty, self.unsaved) if m is not None]
         end = self.first + len(self.durations)
-        at = max(self.first, min(marks)) if marks else end
-        self.unsaved, self.dirty = (at if at < end else None), None
+        at = self.first if new else max(self.first, min(marks)) if marks else end
+        self.unsaved, self.unsaved_fresh = (at if at < end else None), new
+        self.dirty, self.fresh = None, False
         index = at - self.first
-        return {"first": self.first, "at": at, "new": self.fresh, "durations": _packed(self.durations[index:]),
+        return {"first": self.first, "at": at, "new": new, "durations": _packed(self.durations[index:]),
                 "computes": _packed(self.computes[index:])}
 
     def written(self) -> None:
-        """The last delta (or the whole history) is on disk."""
+        """The deltas taken (or a snapshot of the whole history) are on disk; what changed since is still to write."""
         self.unsaved = None
-        self.fresh = False
+        self.unsaved_fresh = False
 
     def apply(self, data: dict[str, Any]) -> None:
         """Bring this history to what a `delta` of it said (ValueError: not a delta this module wrote)."""
@@ -121,7 +124,7 @@ class History:
         self.durations[index:] = durations
         self.computes[index:] = computes
         excess = len(self.durations) - self.size
-        if excess > 0:
+        if excess > max(64, self.size // 8):  # as `add` trims (never, for a delta this module wrote)
             del self.durations[:excess]
             del self.computes[:excess]
             self.first += excess
@@ -347,12 +350,10 @@ class Account:
                 "tokens": self.tokens, "samples": self.samples}
 
     def to_dict(self) -> dict[str, Any]:
-        """A copy, for the state file's snapshot (JSON-ready); what the history held is taken as written (a snapshot
-        that fails is written whole again at the next save)."""
+        """A copy, for the state file's snapshot (JSON-ready). Once it is written, `history.written()`: the next delta
+        may repeat some of it (harmless), never leave a step out."""
         data = self._scalars()
         data["history"] = self.history.to_dict()
-        self.history.dirty = self.history.unsaved = None
-        self.history.fresh = False
         return data
 
     def delta_dict(self) -> dict[str, Any]:
@@ -375,7 +376,7 @@ class Account:
         account = cls(step_history, where)
         account.load(data)
         account.history = History.from_dict(step_history, data["history"])
-        account.history.fresh = False
+        account.history.fresh = False  # as on disk
         return account
 
     def load(self, data: dict[str, Any]) -> None:

@@ -369,6 +369,7 @@ class IngestState:
                     continue
                 account = self._dormant.get(key) or Account(self.step_history, "/".join(key))
                 account.load(change["a"])
+                account.history.fresh = False  # as on disk
                 self._dormant[key] = account
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
                 problems.append(f"{exc.__class__.__name__}: {exc}")
