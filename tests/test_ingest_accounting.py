@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ManualClock, samples
+from full_disk import small_disk
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.ingest.accounting import History
@@ -343,3 +344,33 @@ def test_a_restart_restores_the_snapshot_and_the_journal_after_it(tmp_path: Path
     shown = metrics(after)  # dormant until the rank reports again: its accounting still published, as it was
     for name in ("goodput_elapsed_seconds_total", "goodput_downtime_seconds_total", "goodput_wasted_steps_total"):
         assert of(shown, name) == of(found, name), name
+
+
+def test_a_full_disk_holds_the_shown_figures_at_what_is_saved(tmp_path: Path) -> None:
+    """On a real full file system the journal's space allocated ahead takes the saves until it is used up; then the
+    writes fail (counted) and the rank's series stay at what is on disk, so a restart (kill -9) shows no counter
+    lower than a scrape saw. Once space returns the next save catches up."""
+    clock = ManualClock(LATER)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        ingest = state(disk.path, clock)
+        send(ingest, start(START))
+        metrics(ingest)  # the first save: a snapshot, and the journal's space
+        disk.fill()
+        number, at = 0, 0.0
+        unwritable = ("goodput_ingest_state_errors_total", frozenset({("reason", "unwritable")}))
+        while (found := metrics(ingest))[unwritable] == 0:
+            number += 1
+            at = run_steps(ingest, number, number, at, {})
+            assert number < 5000, "the journal's space was never used up"
+        held = of(found, "goodput_elapsed_seconds_total")
+        run_steps(ingest, number + 1, number + 10, at, {})  # more events, still not saved
+        found = metrics(ingest)
+        assert of(found, "goodput_elapsed_seconds_total") == held  # shown: what is on disk
+        restarted = metrics(state(disk.path, clock))
+        for (name, labels), figure in found.items():
+            if name.endswith("_total") and ("rank", R) in labels and (name, labels) in restarted:
+                assert restarted[(name, labels)] >= figure, name
+        assert of(restarted, "goodput_elapsed_seconds_total") == held
+        disk.free()
+        found = metrics(ingest)  # the next save: a snapshot of everything
+        assert of(found, "goodput_elapsed_seconds_total") == ingest._ranks[(W, R)].account.elapsed > held
