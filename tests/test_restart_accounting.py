@@ -341,9 +341,9 @@ def running_ranks(sock: str, ranks: int = 2) -> Iterator[None]:
 
 
 def rank_counters(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    """Every counter of the workload's ranks."""
+    """Every counter of the workload's ranks (the step duration histogram's too)."""
     return {(name, labels): figure for (name, labels), figure in samples(text).items()
-            if name.endswith("_total") and (("workload", KILLED) in labels)}
+            if name.endswith(("_total", "_count", "_sum", "_bucket")) and (("workload", KILLED) in labels)}
 
 
 def killed_and_restarted(daemon: Daemon, spawn_cli, sock: str, state_dir: Path) -> tuple[dict, dict, Daemon]:  # type: ignore[no-untyped-def,type-arg]
@@ -368,7 +368,9 @@ def check_none_lower(before: dict, after: dict, report: str) -> None:  # type: i
              if after.get((n, labels), -1.0) < figure}
     assert not lower, f"{report}: counters lower after the restart (before, after): {lower}"
     assert {n for n, _ in before} >= {"goodput_steps_total", "goodput_tokens_total", "goodput_samples_total",
-                                       "goodput_elapsed_seconds_total", "goodput_phase_seconds_total"}
+                                       "goodput_elapsed_seconds_total", "goodput_phase_seconds_total",
+                                       "goodput_step_duration_seconds_count", "goodput_step_time_shifts_total",
+                                       "goodput_workload_restarts_total"}
 
 
 def test_d_kill_9_then_a_full_disk_and_kill_9_again_moves_no_counter_back(tmp_path: Path, spawn_cli) -> None:  # type: ignore[no-untyped-def]

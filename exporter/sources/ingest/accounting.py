@@ -20,6 +20,8 @@ across a daemon restart (`to_dict`, `from_dict`).
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import logging
 import math
 import sys
@@ -27,6 +29,8 @@ from array import array
 from typing import Any, NamedTuple
 
 from goodput_client.contract import DEPRECATED_PHASES, PHASES
+
+from .metrics import STEP_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -187,8 +191,9 @@ class Account:
     """One rank's accounting on this node, over all its sessions."""
 
     __slots__ = ("base", "downtime", "first_wall", "flops", "history", "last_step", "last_wall", "offset",
-                 "pending_compute", "phases", "restarted", "samples", "session_elapsed", "started_at", "steps",
-                 "tokens", "untracked", "wasted_compute", "wasted_seconds", "wasted_steps", "where")
+                 "pending_compute", "phases", "restarted", "restarts", "samples", "session_elapsed", "shifts",
+                 "started_at", "step_counts", "step_seconds", "steps", "tokens", "untracked", "wasted_compute",
+                 "wasted_seconds", "wasted_steps", "where")
 
     def __init__(self, step_history: int, where: str = "") -> None:
         self.where = where  # "workload/rank", for the log
@@ -213,6 +218,10 @@ class Account:
         self.steps = 0
         self.tokens = 0
         self.samples = 0
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # step durations by bucket, not cumulative (+Inf last)
+        self.step_seconds = 0.0
+        self.shifts = {"up": 0, "down": 0}  # lasting step-time shifts, by direction
+        self.restarts = 0  # "restart" sessions
 
     # --- what the counters show -----------------------------------------------------------------------
 
@@ -311,6 +320,8 @@ class Account:
         self.steps += 1
         self.tokens += tokens
         self.samples += samples
+        self.step_counts[bisect.bisect_left(STEP_BUCKETS, duration)] += 1  # le: duration <= bound
+        self.step_seconds += duration
         if number is not None:
             if self.restarted and self.last_step is not None and number <= self.last_step:
                 self.resume(number - 1)  # a restart that named no step: its first step says where it went back to
@@ -347,7 +358,8 @@ class Account:
                 "last_step": self.last_step, "restarted": self.restarted, "pending_compute": self.pending_compute,
                 "wasted_steps": self.wasted_steps, "wasted_seconds": self.wasted_seconds,
                 "wasted_compute": self.wasted_compute, "flops": dict(self.flops), "steps": self.steps,
-                "tokens": self.tokens, "samples": self.samples}
+                "tokens": self.tokens, "samples": self.samples, "step_counts": list(self.step_counts),
+                "step_seconds": self.step_seconds, "shifts": dict(self.shifts), "restarts": self.restarts}
 
     def to_dict(self) -> dict[str, Any]:
         """A copy, for the state file's snapshot (JSON-ready). Once it is written, `history.written()`: the next delta
@@ -367,7 +379,9 @@ class Account:
         """What the metrics show of this account."""
         return Figures(tuple(self.phases[p] for p in PHASES), self.untracked, self.elapsed, self.downtime,
                        self.wasted_steps, self.wasted_seconds, self.wasted_compute, self.last_step,
-                       tuple(sorted(self.flops.items())), self.steps, self.tokens, self.samples)
+                       tuple(sorted(self.flops.items())), self.steps, self.tokens, self.samples,
+                       (list(itertools.accumulate(self.step_counts)), self.step_seconds), self.shifts["up"],
+                       self.shifts["down"], self.restarts)
 
     @classmethod
     def from_dict(cls, step_history: int, where: str, data: dict[str, Any]) -> Account:
@@ -407,6 +421,14 @@ class Account:
         self.steps = _whole(data.get("steps", 0))
         self.tokens = _whole(data.get("tokens", 0))
         self.samples = _whole(data.get("samples", 0))
+        counts = [_whole(n) for n in data.get("step_counts", [0] * (len(STEP_BUCKETS) + 1))]
+        if len(counts) != len(STEP_BUCKETS) + 1:
+            raise ValueError(f"{len(counts)} step duration buckets, not {len(STEP_BUCKETS) + 1}")
+        self.step_counts = counts
+        self.step_seconds = _number(data.get("step_seconds", 0.0))
+        shifts = data.get("shifts", {})
+        self.shifts = {"up": _whole(shifts.get("up", 0)), "down": _whole(shifts.get("down", 0))}
+        self.restarts = _whole(data.get("restarts", 0))
         if "history_delta" in data:
             self.history.apply(data["history_delta"])
 
@@ -426,6 +448,10 @@ class Figures(NamedTuple):
     steps: int
     tokens: int
     samples: int
+    durations: tuple[list[int], float]  # the step duration histogram: cumulative bucket counts, sum
+    shifts_up: int
+    shifts_down: int
+    restarts: int
 
 
 def _optional(value: object) -> float | None:

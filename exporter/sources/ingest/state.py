@@ -63,10 +63,7 @@ class _Histogram:
 @dataclass
 class _Rank:
     account: Account  # its time accounting: kept (dormant) after its series go, for a restart to continue
-    detector: StepTimeDetector  # its step time's normal level and lasting shifts
-    durations: _Histogram = field(default_factory=lambda: _Histogram(c.STEP_BUCKETS))
-    shifts: Counter[str] = field(default_factory=Counter)  # by direction: up, down
-    restarts: int = 0
+    detector: StepTimeDetector  # its step time's normal level and lasting shifts (their count: in the account)
     last_event: float = 0.0
     ended_at: float | None = None
 
@@ -306,12 +303,11 @@ class IngestState:
                     model.last_event = now
                     model.add(event)
                 elif isinstance(event, StepEvent):
-                    rank.durations.observe(event.duration_seconds)
                     rank.account.step(now, event.duration_seconds, event.step, event.flops, event.dtype,
                                       event.elapsed_seconds, event.tokens, event.samples)
                     direction = rank.detector.observe(event.duration_seconds, now)
                     if direction:
-                        rank.shifts[SHIFT_DIRECTIONS[direction]] += 1
+                        rank.account.shifts[SHIFT_DIRECTIONS[direction]] += 1
                         shifted.append((event.workload, str(event.rank), direction,
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
@@ -321,7 +317,7 @@ class IngestState:
                     rank.account.touch(now, event.elapsed_seconds)
                 else:  # start, restart
                     restart = event.event == "restart"
-                    rank.restarts += restart
+                    rank.account.restarts += restart
                     rank.ended_at = None
                     rank.account.session(now, restart, event.elapsed_seconds, event.started_at,
                                          event.resumed_from_step)
@@ -509,21 +505,21 @@ class IngestState:
             for workload in [w for w in self._owners if w not in live]:
                 del self._owners[workload]  # its last rank expired or ended: anyone may start it anew
             for key, rank in sorted(self._ranks.items()):
-                batch.add(c.STEP_DURATION, key, rank.durations.rendered())
+                figures = self._figures(key, rank.account)
+                batch.add(c.STEP_DURATION, key, figures.durations)
                 summaries = rank.detector.summaries(now)
                 for window in STEP_TIME_WINDOWS:
                     if window in summaries:
                         batch.add(c.STEP_TIME, (*key, window), summaries[window])
                 if rank.detector.baseline is not None:
                     batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
-                for direction in SHIFT_DIRECTIONS.values():
-                    batch.add(c.STEP_SHIFTS, (*key, direction), rank.shifts[direction])
-                figures = self._figures(key, rank.account)
+                batch.add(c.STEP_SHIFTS, (*key, "up"), figures.shifts_up)
+                batch.add(c.STEP_SHIFTS, (*key, "down"), figures.shifts_down)
                 batch.add(c.STEPS, key, figures.steps)
                 batch.add(c.TOKENS, key, figures.tokens)
                 batch.add(c.SAMPLES, key, figures.samples)
                 self._render(batch, key, figures)
-                batch.add(c.RESTARTS, key, rank.restarts)
+                batch.add(c.RESTARTS, key, figures.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
             for key, account in sorted(self._dormant.items()):  # a restart's jump stays within a rate's reach
                 self._render(batch, key, self._figures(key, account))
