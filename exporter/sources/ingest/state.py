@@ -550,4 +550,8 @@ class IngestState:
 
 def saved_accounts(directory: str, step_history: int = 2000) -> dict[tuple[str, str], Account]:
     """The accounts a state directory holds (its snapshot and its journal's changes), as a restart restores them."""
-    return dict(IngestState(1, 1, 1.0, state_file=StateFile(directory), step_history=step_history)._dormant)
+    files = StateFile(directory)
+    try:
+        return dict(IngestState(1, 1, 1.0, state_file=files, step_history=step_history)._dormant)
+    finally:
+        files.close()
