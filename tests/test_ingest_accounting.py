@@ -16,7 +16,7 @@ from full_disk import small_disk
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.ingest.accounting import History
 from exporter.sources.ingest.models import EventBatch
-from exporter.sources.ingest.state import IngestState
+from exporter.sources.ingest.state import IngestState, saved_accounts
 from exporter.sources.ingest.statefile import FILE_NAME, JOURNAL_MIN, JOURNAL_NAME, StateFile
 
 START = 1_760_000_000.0
@@ -374,3 +374,28 @@ def test_a_full_disk_holds_the_shown_figures_at_what_is_saved(tmp_path: Path) ->
         disk.free()
         found = metrics(ingest)  # the next save: a snapshot of everything
         assert of(found, "goodput_elapsed_seconds_total") == ingest._ranks[(W, R)].account.elapsed > held
+
+
+def test_a_journal_line_cut_short_is_where_the_restore_stops(tmp_path: Path) -> None:
+    """A daemon killed mid-write leaves half a line before the space allocated ahead (zeros): the lines before it are
+    restored, and the restarted daemon writes on from there."""
+    clock = ManualClock(LATER)
+    before = state(tmp_path, clock)
+    send(before, start(START))
+    at = run_steps(before, 1, 3, 0.0, {})
+    metrics(before)  # snapshot
+    at = run_steps(before, 4, 5, at, {})
+    metrics(before)  # a journal line
+    kept = before._ranks[(W, R)].account.to_dict()
+    run_steps(before, 6, 6, at, {})
+    metrics(before)  # another, then cut short as a kill -9 mid-write would leave it
+    journal = (tmp_path / JOURNAL_NAME).read_bytes()
+    end = journal.index(b"\0") - 1
+    start_of_last = journal.rindex(b"\n", 0, end) + 1
+    (tmp_path / JOURNAL_NAME).write_bytes(journal[:start_of_last + (end - start_of_last) // 2] +
+                                          b"\0" * (len(journal) - start_of_last))
+    after = state(tmp_path, clock)
+    assert after._dormant[(W, R)].to_dict() == kept
+    send(after, step(7, 1.0, at + 2.0))
+    metrics(after)  # written over the half line
+    assert saved_accounts(str(tmp_path))[(W, R)].to_dict() == after._ranks[(W, R)].account.to_dict()
