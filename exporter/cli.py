@@ -54,7 +54,7 @@ def _serve_parser() -> argparse.ArgumentParser:
                         help="use N simulated GPUs instead of NVML (same as --simulate.gpus)")
     for section, key, field in settable_keys():
         parser.add_argument(flag_name(section, key), dest=f"{section}.{key}", metavar="VALUE",
-                            help=field.description)
+                            help=(field.description or "").replace("%", "%%"))  # argparse %-formats help
     return parser
 
 
@@ -80,7 +80,10 @@ class _JsonFormatter(logging.Formatter):
 
 
 def setup_logging(level: str, fmt: str) -> None:
+    from .core.logs import RepeatFilter
+
     handler = logging.StreamHandler(sys.stderr)
+    handler.addFilter(RepeatFilter())  # repeated lines (a flood of bad requests) rate-limited, with a count
     if fmt == "json":
         handler.setFormatter(_JsonFormatter())
     else:

@@ -16,6 +16,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, ManualClock, live_server, quick_config, socket_path, value
+from full_disk import small_disk
 from goodput_client.contract import capture_event, flight_dump_name, poll_path, profile_trace_name
 
 from exporter.core.exposition import TEXT, Batch, Renderer
@@ -347,6 +348,49 @@ def test_the_index_survives_a_restart(tmp_path: Path) -> None:
     # rank 0's refusal (at t+0) is old now; it is asked again
     assert third is not None and second.pending([("w", "0")])[0]["id"] == third
     assert [c["id"] for c in json.loads(second.index_path.read_text())["captures"]] == [capture_id, third]
+
+
+def test_a_capture_during_a_full_disk_is_listed_as_failed_once_space_returns(tmp_path: Path) -> None:
+    """The capture directory on a real file system that is full: the ranks' answers (failed) cannot be indexed, and
+    what they left of their files stays; once space returns, the next collect writes the index (the failed writes
+    counted meanwhile), the unfinished files are gone, and `goodput-exporter captures` lists the capture."""
+    clock = ManualClock()
+    with small_disk(tmp_path / "disk") as disk:
+        directory = disk.path / "captures"
+        captures = make_captures(tmp_path, clock, directory=directory)
+        disk.fill()
+        capture_id = captures.trigger("llama", ["0", "1"], "step_time_shift", "while full")
+        assert capture_id is not None
+        for request in captures.pending([("llama", "0"), ("llama", "1")]):
+            partial = Path(request["dir"]) / (profile_trace_name(request["rank"]) + ".partial.tmp")
+            partial.touch()  # what Kineto leaves when its write fails: an empty file takes no block
+            for kind in ("profile", "flight"):
+                captures.answer(event(request, kind, "failed", message="OSError: [Errno 28] No space left on device"))
+        captures.expire()  # a collect: the index still cannot be written
+        assert not (directory / "index.json").exists()
+        assert value(rendered(captures), "goodput_capture_index_errors_total", reason="unwritable") >= 3
+
+        disk.free()
+        captures.expire()  # the next collect after space returned
+        listed = json.loads((directory / "index.json").read_text())["captures"]
+        assert [(c["id"], sorted(r["status"] for r in c["ranks"].values())) for c in listed] == \
+            [(capture_id, ["failed", "failed"])]
+        assert not list((directory / "llama" / capture_id).iterdir())  # the unfinished files were removed
+        out = json.loads(run_cli("--dir", str(directory), "--json").stdout)
+        assert [(c["id"], [r["status"] for r in c["ranks"].values()]) for c in out["captures"]] == \
+            [(capture_id, ["failed", "failed"])]
+
+
+def test_the_index_is_written_at_shutdown_when_its_last_write_failed(tmp_path: Path) -> None:
+    clock = ManualClock()
+    with small_disk(tmp_path / "disk") as disk:
+        captures = make_captures(tmp_path, clock, directory=disk.path / "captures")
+        disk.fill()
+        capture_id = captures.trigger("llama", ["0"], "hang", "while full")
+        assert not captures.index_path.exists()
+        disk.free()
+        captures.close()  # what the ingest source does at shutdown
+        assert [c["id"] for c in json.loads(captures.index_path.read_text())["captures"]] == [capture_id]
 
 
 def test_a_corrupt_index_is_set_aside_and_started_fresh(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:

@@ -79,6 +79,8 @@ def test_version_and_help() -> None:
                          text=True, check=True, cwd=ROOT).stdout
     for flag in ("--web.listen-address", "--nvml.interval", "--host.enabled", "--simulate", "--config"):
         assert flag in out
+    # a help text with a bare % (ingest.shift_min_ratio's "6% slower") is shown as written, not %-formatted
+    assert "6% slower" in " ".join(out.split()) and "option_strings" not in out
 
 
 def test_the_build_tools_commands_come_from_the_mixin_through_entry_points(tmp_path: Path) -> None:

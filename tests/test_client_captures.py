@@ -5,6 +5,7 @@ of an idle rank. The daemon is a small real HTTP server on a Unix socket that sp
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import pickle
@@ -13,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from pathlib import Path
@@ -257,6 +259,46 @@ def test_a_second_profile_while_one_runs_is_busy_and_close_ends_the_first(daemon
     assert answer["message"] == f"the process ended after {marked - 1} of 500 steps"  # the last one cut short
     assert marked >= 5
     assert not torch.autograd._profiler_enabled()
+
+
+def test_ranks_as_threads_of_one_process_profile_one_at_a_time(daemon: Daemon, tmp_path: Path) -> None:
+    """Two ranks' Telemetry in one process (threads), both asked for one capture: the profiler is process-global, so
+    one records it and the other answers busy, and the process lives on; the next capture starts again."""
+    ranks = [telemetry_for(daemon, rank=rank) for rank in (0, 1)]
+    for rank in (0, 1):
+        daemon.ask("job", rank, "both", ["profile"], 3, tmp_path / "both")
+    done = threading.Event()
+
+    def loop(telemetry: Telemetry) -> None:
+        train(telemetry, lambda: done.is_set(), limit=2000)
+
+    threads = [threading.Thread(target=loop, args=(t,)) for t in ranks]
+    for thread in threads:
+        thread.start()
+    try:
+        wait_for(lambda: len([a for a in daemon.answers() if a["id"] == "both"]) == 2, timeout=60)
+        results = sorted((a["result"], a["message"][:4]) for a in daemon.answers() if a["id"] == "both")
+        assert results == [("failed", "busy"), ("written", "")], results
+        busy = next(a["rank"] for a in daemon.answers() if a["id"] == "both" and a["result"] == "failed")
+        daemon.ask("job", busy, "next", ["profile"], 2, tmp_path / "next")
+        wait_for(lambda: daemon.answer("next", "profile"), timeout=60)
+        assert daemon.answer("next", "profile")["result"] == "written"  # type: ignore[index]
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(60)
+    for telemetry in ranks:
+        telemetry.close()
+    assert not torch.autograd._profiler_enabled()
+
+
+def test_a_closed_telemetry_is_released(daemon: Daemon) -> None:
+    telemetry = telemetry_for(daemon, captures=False)
+    telemetry.close()
+    released = weakref.ref(telemetry)
+    del telemetry
+    gc.collect()
+    assert released() is None  # nothing (atexit's hook included) keeps a closed one alive
 
 
 def test_a_profile_that_never_started_is_answered_at_close(daemon: Daemon, tmp_path: Path) -> None:

@@ -6,15 +6,18 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from pathlib import Path
 
 import pytest
 from conftest import ManualClock, samples
+from full_disk import small_disk
 
 from exporter.core.exposition import TEXT, Renderer
+from exporter.sources.ingest.accounting import History
 from exporter.sources.ingest.models import EventBatch
-from exporter.sources.ingest.state import IngestState
-from exporter.sources.ingest.statefile import FILE_NAME, StateFile
+from exporter.sources.ingest.state import IngestState, saved_accounts
+from exporter.sources.ingest.statefile import FILE_NAME, JOURNAL_MIN, JOURNAL_NAME, StateFile
 
 START = 1_760_000_000.0
 LATER = START + 3600.0
@@ -225,7 +228,7 @@ def test_a_corrupt_state_file_is_counted_set_aside_and_replaced(tmp_path: Path, 
     send(ingest, start(START), phase("compute", 1.0, 1.0))
     ingest.save()
     saved = json.loads((tmp_path / FILE_NAME).read_text())
-    assert saved["version"] == 1 and [a["workload"] for a in saved["accounts"]] == [W]
+    assert saved["version"] == 2 and [a["workload"] for a in saved["accounts"]] == [W]
 
 
 def test_an_unwritable_state_dir_is_counted_and_the_daemon_goes_on(tmp_path: Path) -> None:
@@ -233,8 +236,7 @@ def test_an_unwritable_state_dir_is_counted_and_the_daemon_goes_on(tmp_path: Pat
     blocker.write_text("not a directory")
     ingest = state(blocker)
     send(ingest, start(START), phase("compute", 1.0, 1.0))
-    ingest.save()
-    found = metrics(ingest)
+    found = metrics(ingest)  # a collect saves first
     assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "unwritable"}.items()))] == 1
     assert of(found, "goodput_phase_seconds_total", phase="compute") == 1.0
 
@@ -297,3 +299,103 @@ def test_a_dormant_ranks_accounting_stays_published_so_its_restart_shows_in_rate
     assert of(metrics(ingest), "goodput_downtime_seconds_total") == pytest.approx(500.0)
     clock.advance(ingest.restart_window + 1000.0)
     assert not [k for k in metrics(ingest) if k[0] == "goodput_elapsed_seconds_total"]
+
+
+def test_the_state_journal_replays_to_the_histories_it_followed() -> None:
+    """Random steps (repeats, gaps, jumps past the history, new runs), deltas taken at random, some lost (a write
+    that failed): applying those written, in order, always gives the live history."""
+    rng = random.Random(35)
+    for _ in range(200):
+        live, replica = History(50), History(50)
+        for _ in range(rng.randrange(1, 40)):
+            for _ in range(rng.randrange(0, 30)):
+                roll = rng.random()
+                if roll < 0.02:
+                    live = History(50)  # a new run: a new history
+                    continue
+                base = live.first + len(live)
+                step = rng.choice([base, base + 1, base + rng.randrange(2, 9), base + rng.randrange(50, 200),
+                                   max(0, base - rng.randrange(1, 60))])
+                live.add(step, rng.random(), rng.random())
+            delta = json.loads(json.dumps(live.delta()))  # as the journal writes and reads it
+            if rng.random() < 0.3:
+                continue  # the write failed: the next delta covers it
+            replica.apply(delta)
+            live.written()
+            assert (replica.first, list(map(repr, replica.durations)), list(map(repr, replica.computes))) == \
+                (live.first, list(map(repr, live.durations)), list(map(repr, live.computes)))
+
+
+def test_a_restart_restores_the_snapshot_and_the_journal_after_it(tmp_path: Path) -> None:
+    clock = ManualClock(LATER)
+    before = state(tmp_path, clock)
+    send(before, start(START))
+    run_steps(before, 1, 10, 0.0, {})
+    before.snapshot()  # the first save: a snapshot
+    run_steps(before, 11, 20, 10.0, {})
+    send(before, step(15, 1.0, 25.0, tokens=7, samples=3))  # a step seen again, and more tokens
+    found = metrics(before)  # saved into the journal, then shown
+    assert (tmp_path / JOURNAL_NAME).stat().st_size >= JOURNAL_MIN  # its space allocated ahead
+    after = state(tmp_path, clock)  # a kill -9: no snapshot at shutdown
+    live, restored = before._ranks[(W, R)].account, after._dormant[(W, R)]
+    assert restored.to_dict() == live.to_dict()
+    assert of(found, "goodput_steps_total") == restored.steps == 21
+    assert of(found, "goodput_tokens_total") == restored.tokens == 7
+    shown = metrics(after)  # dormant until the rank reports again: its accounting still published, as it was
+    for name in ("goodput_elapsed_seconds_total", "goodput_downtime_seconds_total", "goodput_wasted_steps_total"):
+        assert of(shown, name) == of(found, name), name
+
+
+def test_a_full_disk_holds_the_shown_figures_at_what_is_saved(tmp_path: Path) -> None:
+    """On a real full file system the journal's space allocated ahead takes the saves until it is used up; then the
+    writes fail (counted) and the rank's series stay at what is on disk, so a restart (kill -9) shows no counter
+    lower than a scrape saw. Once space returns the next save catches up."""
+    clock = ManualClock(LATER)
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        ingest = state(disk.path, clock)
+        send(ingest, start(START))
+        metrics(ingest)  # the first save: a snapshot, and the journal's space
+        disk.fill()
+        number, at = 0, 0.0
+        unwritable = ("goodput_ingest_state_errors_total", frozenset({("reason", "unwritable")}))
+        while (found := metrics(ingest))[unwritable] == 0:
+            number += 1
+            at = run_steps(ingest, number, number, at, {})
+            assert number < 5000, "the journal's space was never used up"
+        held = of(found, "goodput_elapsed_seconds_total")
+        run_steps(ingest, number + 1, number + 10, at, {})  # more events, still not saved
+        found = metrics(ingest)
+        assert of(found, "goodput_elapsed_seconds_total") == held  # shown: what is on disk
+        restarted = metrics(state(disk.path, clock))
+        for (name, labels), figure in found.items():
+            if name.endswith("_total") and ("rank", R) in labels and (name, labels) in restarted:
+                assert restarted[(name, labels)] >= figure, name
+        assert of(restarted, "goodput_elapsed_seconds_total") == held
+        disk.free()
+        found = metrics(ingest)  # the next save: a snapshot of everything
+        assert of(found, "goodput_elapsed_seconds_total") == ingest._ranks[(W, R)].account.elapsed > held
+
+
+def test_a_journal_line_cut_short_is_where_the_restore_stops(tmp_path: Path) -> None:
+    """A daemon killed mid-write leaves half a line before the space allocated ahead (zeros): the lines before it are
+    restored, and the restarted daemon writes on from there."""
+    clock = ManualClock(LATER)
+    before = state(tmp_path, clock)
+    send(before, start(START))
+    at = run_steps(before, 1, 3, 0.0, {})
+    metrics(before)  # snapshot
+    at = run_steps(before, 4, 5, at, {})
+    metrics(before)  # a journal line
+    kept = before._ranks[(W, R)].account.to_dict()
+    run_steps(before, 6, 6, at, {})
+    metrics(before)  # another, then cut short as a kill -9 mid-write would leave it
+    journal = (tmp_path / JOURNAL_NAME).read_bytes()
+    end = journal.index(b"\0") - 1
+    start_of_last = journal.rindex(b"\n", 0, end) + 1
+    (tmp_path / JOURNAL_NAME).write_bytes(journal[:start_of_last + (end - start_of_last) // 2] +
+                                          b"\0" * (len(journal) - start_of_last))
+    after = state(tmp_path, clock)
+    assert after._dormant[(W, R)].to_dict() == kept
+    send(after, step(7, 1.0, at + 2.0))
+    metrics(after)  # written over the half line
+    assert saved_accounts(str(tmp_path))[(W, R)].to_dict() == after._ranks[(W, R)].account.to_dict()

@@ -159,15 +159,17 @@ def test_format_value_is_the_reference_formatting() -> None:
 
 
 def test_renderer_caches_give_a_fresh_renderers_text(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(exposition, "PREFIX_CACHE_LIMIT", 7)  # start over many times on the way
+    monkeypatch.setattr(exposition, "PREFIX_CACHE_SLACK", 0)  # forget gone series many times on the way
     kept = Renderer()
-    for round_ in range(5):
+    for round_ in range(30):
         batch = Batch()
         for i in range(10):
-            batch.add(host_metrics.HOST_PROC_THREADS, (str(i + round_), f"cmd{i % 3}"), i * 0.5)
+            batch.add(host_metrics.HOST_PROC_THREADS, (str(i + 3 * round_), f"cmd{i % 3}"), i * 0.5)
             batch.add(c.GPU_UP, (str(i), f"GPU-{i}"), i % 2)
         for fmt in (TEXT, OPENMETRICS):
             assert kept.render(batch, fmt) == Renderer().render(batch, fmt)
+        # sized by what is live: the 20 series rendered, and at most as many of those gone
+        assert sum(len(p) for p in kept._prefixes.values()) == kept._cached <= 2 * 20
 
 
 # --- the store and /metrics -----------------------------------------------------------------------------------

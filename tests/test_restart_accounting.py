@@ -23,6 +23,7 @@ import math
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,8 +32,11 @@ from typing import TYPE_CHECKING
 
 import httpx
 import pytest
-from conftest import ROOT, free_port, series, socket_path, value, wait_for
+from conftest import ROOT, free_port, samples, series, socket_path, value, wait_for
+from full_disk import small_disk
 from goodput_client import Telemetry
+
+from exporter.sources.ingest.state import saved_accounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -278,8 +282,8 @@ def test_b_a_daemon_restart_between_crash_and_resume_loses_and_doubles_nothing(
         assert job.poll() is None, job.communicate()[0][-5000:]
         before = daemon.metrics_when(lifecycle_events(2 * 2))  # per rank: start, end
         first_log = daemon.stop()
-        saved = json.loads((state_dir / STATE_FILE).read_text())
-        assert saved["version"] == 1 and len(saved["accounts"]) == 2, saved
+        saved = json.loads((state_dir / STATE_FILE).read_text())  # a clean shutdown writes a whole snapshot
+        assert saved["version"] == 2 and len(saved["accounts"]) == 2, saved
         daemon = start_daemon(spawn_cli, sock, state_dir)
         gate.touch()
         finish(job)
@@ -305,6 +309,96 @@ def test_b_a_daemon_restart_between_crash_and_resume_loses_and_doubles_nothing(
     second_log = daemon.stop()
     assert "restored the accounting of 2 ranks" in second_log, second_log[-3000:]
     assert "is corrupt" not in first_log + second_log
+
+
+# --- d. kill -9, on a disk with room and on a full one -------------------------------------------------------------
+
+KILLED = "killed"
+
+
+@contextmanager
+def running_ranks(sock: str, ranks: int = 2) -> Iterator[None]:
+    """`ranks` ranks of one workload, each a Telemetry on a thread of this process, stepping (10 ms of compute, 64
+    tokens, 2 samples a step) until the block ends."""
+    stop = threading.Event()
+
+    def run(rank: int) -> None:
+        telemetry = Telemetry(KILLED, rank, socket_path=sock, flush_interval=0.05, captures=False, timeout=0.5)
+        while not stop.is_set():
+            with telemetry.step(tokens=64, samples=2), telemetry.phase("compute"):
+                time.sleep(0.01)
+        telemetry.close(timeout=2)
+
+    threads = [threading.Thread(target=run, args=(rank,), daemon=True) for rank in range(ranks)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+
+
+def rank_counters(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every counter of the workload's ranks (the step duration histogram's too)."""
+    return {(name, labels): figure for (name, labels), figure in samples(text).items()
+            if name.endswith(("_total", "_count", "_sum", "_bucket")) and (("workload", KILLED) in labels)}
+
+
+def killed_and_restarted(daemon: Daemon, spawn_cli, sock: str, state_dir: Path) -> tuple[dict, dict, Daemon]:  # type: ignore[no-untyped-def,type-arg]
+    """The counters a scrape saw last, kill -9, a restart on the same state_dir, and the counters once both ranks
+    report again."""
+    before = rank_counters(daemon.metrics())
+    daemon.proc.kill()
+    daemon.proc.wait(10)
+    daemon = start_daemon(spawn_cli, sock, state_dir)
+    text = daemon.metrics_when(lambda t: all(value(t, "goodput_steps_total", workload=KILLED, rank=r) is not None
+                                             for r in ("0", "1")))  # the first scrape with both ranks live again
+    return before, rank_counters(text), daemon
+
+
+def value_of(counters: dict, name: str, rank: str) -> float:  # type: ignore[type-arg]
+    (figure,) = [v for (n, labels), v in counters.items() if n == name and ("rank", rank) in labels]
+    return figure
+
+
+def check_none_lower(before: dict, after: dict, report: str) -> None:  # type: ignore[type-arg]
+    lower = {f"{n}{dict(labels)}": (figure, after.get((n, labels))) for (n, labels), figure in before.items()
+             if after.get((n, labels), -1.0) < figure}
+    assert not lower, f"{report}: counters lower after the restart (before, after): {lower}"
+    assert {n for n, _ in before} >= {"goodput_steps_total", "goodput_tokens_total", "goodput_samples_total",
+                                       "goodput_elapsed_seconds_total", "goodput_phase_seconds_total",
+                                       "goodput_step_duration_seconds_count", "goodput_step_time_shifts_total",
+                                       "goodput_workload_restarts_total"}
+
+
+def test_d_kill_9_then_a_full_disk_and_kill_9_again_moves_no_counter_back(tmp_path: Path, spawn_cli) -> None:  # type: ignore[no-untyped-def]
+    """A 2-rank job keeps stepping while its node's daemon is killed (SIGKILL) and started again twice: once with
+    room on the state directory's file system, once with it full (a real tmpfs, filled). Each time, every counter of
+    every rank (steps, tokens and samples too) continues from at least what the last scrape before the kill saw."""
+    sock = socket_path()
+    with small_disk(tmp_path / "state") as disk:
+        daemon = start_daemon(spawn_cli, sock, disk.path)
+        with running_ranks(sock):
+            daemon.metrics_when(lambda t: (value(t, "goodput_steps_total", workload=KILLED, rank="1") or 0) >= 20)
+            before, after, daemon = killed_and_restarted(daemon, spawn_cli, sock, disk.path)
+            check_none_lower(before, after, "kill -9")
+            print(f"\n[kill -9] rank 0 steps {value_of(before, 'goodput_steps_total', '0'):.0f} -> "
+                  f"{value_of(after, 'goodput_steps_total', '0'):.0f}")
+
+            disk.fill()
+            filled = value(daemon.metrics(), "goodput_steps_total", workload=KILLED, rank="0") or 0
+            daemon.metrics_when(lambda t: (value(t, "goodput_steps_total", workload=KILLED, rank="0") or 0)
+                                >= filled + 20)  # collects on the full disk
+            before, after, daemon = killed_and_restarted(daemon, spawn_cli, sock, disk.path)
+            check_none_lower(before, after, "kill -9 on a full disk")
+            print(f"[kill -9, full disk] rank 0 steps {value_of(before, 'goodput_steps_total', '0'):.0f} -> "
+                  f"{value_of(after, 'goodput_steps_total', '0'):.0f}, elapsed "
+                  f"{value_of(before, 'goodput_elapsed_seconds_total', '0'):.2f} -> "
+                  f"{value_of(after, 'goodput_elapsed_seconds_total', '0'):.2f}")
+        disk.free()
+        daemon.stop()
 
 
 # --- c. a corrupt state file ------------------------------------------------------------------------------------
@@ -368,11 +462,10 @@ def report_to(sock: str) -> None:
 
 
 def saved_account(path: Path) -> bool:
-    """The file is one this version wrote, holding the rank's account."""
+    """The state directory holds the rank's account (in its snapshot or its journal)."""
     try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
+        saved = saved_accounts(str(path.parent))
+    except OSError:
         return False
-    return saved.get("version") == 1 and any(
-        (a["workload"], a["rank"]) == ("corrupt-test", "0") and a["account"]["phases"]["compute"] > 0
-        for a in saved["accounts"])
+    account = saved.get(("corrupt-test", "0"))
+    return account is not None and account.phases["compute"] > 0

@@ -159,6 +159,11 @@ def profile_problem(request: Request) -> tuple[str, str] | None:
     return None
 
 
+# the profiler is process-global: one capture profiles at a time in a process (ranks run as threads of one process
+# would otherwise both start it, which kills the process in libtorch)
+_ONE_PROFILER = threading.Lock()
+
+
 class Profile:
     """One profiler capture. The sender thread makes it; the training thread calls `step()`
     at each step boundary: the first starts the profiler, each later one marks the next step (ProfilerStep#n),
@@ -181,6 +186,7 @@ class Profile:
         self._thread: threading.Thread | None = None  # the thread that started the profiler (not its ident: reused)
         self._marked = 0  # step boundaries since the start
         self._exported: int | None = None  # bytes of the trace written
+        self._holds = False  # this capture holds _ONE_PROFILER
         self.done = False
 
     def step(self) -> bool:
@@ -244,8 +250,13 @@ class Profile:
         if not torch.autograd.kineto_available():
             self._give("unsupported", "", 0, "this PyTorch has no Kineto profiler")
             return
+        if not _ONE_PROFILER.acquire(blocking=False):
+            self._give("failed", "", 0, "busy: another capture profiles this process (one at a time)")
+            return
+        self._holds = True
         if torch.autograd._profiler_enabled():
             self._give("failed", "", 0, "busy: a profiler is already running in this process")
+            self._release()
             return
         activities = [ProfilerActivity.CPU]
         if torch.cuda.is_available():
@@ -272,13 +283,22 @@ class Profile:
             os.replace(partial, self.path)
         except BaseException:
             _remove(partial)
+            _remove(partial + ".tmp")  # Kineto writes through it: left behind when the disk is full
             raise
         self._exported = os.stat(self.path).st_size
 
     def _stop(self) -> None:
         profiler, self._profiler = self._profiler, False  # False: started once, never again
-        if profiler:
-            profiler.stop()
+        try:
+            if profiler:
+                profiler.stop()
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        if self._holds:
+            self._holds = False
+            _ONE_PROFILER.release()
 
     def _finish(self, message: str) -> None:
         if self._exported is None:

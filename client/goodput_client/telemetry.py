@@ -913,6 +913,7 @@ class Telemetry:
         """Report the end of this rank, send what is left, stop the sender."""
         if self._closed.is_set():
             return
+        atexit.unregister(self.close)  # a closed Telemetry is not kept alive until the process exits
         self._closing = True  # from now on a profile request is answered "failed", not started
         self._end_profile(timeout)
         self.lifecycle("end")

@@ -115,7 +115,7 @@ def format_value(value: float) -> str:
         return "+Inf" if value > 0 else "-Inf"
     return repr(value)
 
-PREFIX_CACHE_LIMIT = 200_000  # series prefixes a Renderer keeps; past it (label values churn) it starts over
+PREFIX_CACHE_SLACK = 1024  # prefixes of series gone that a Renderer keeps beyond those rendered last (see render)
 
 
 class Renderer:
@@ -129,10 +129,6 @@ class Renderer:
     def _new_prefix(self, metric: Metric, labels: tuple[str, ...], prefixes: dict[tuple[str, ...], str]) -> str:
         inner = _label_text(metric, labels)
         prefix = f"{metric.name}{{{inner}}} " if inner else f"{metric.name} "
-        if self._cached >= PREFIX_CACHE_LIMIT:
-            for cached in self._prefixes.values():
-                cached.clear()
-            self._cached = 0
         prefixes[labels] = prefix
         self._cached += 1
         return prefix
@@ -156,9 +152,26 @@ class Renderer:
             out.append(f"{name}_sum{suffix}{format_value(total)}\n")
             out.append(f"{name}_count{suffix}{format_value(counts[-1])}\n")
 
+    def _forget_gone(self, batch: Batch, rendered: int) -> None:
+        """Keep only the prefixes of the series just rendered, once those of series gone (label values that churn:
+        workloads, ranks) outnumber them: the cache is sized by what is live."""
+        if self._cached <= 2 * rendered + PREFIX_CACHE_SLACK:
+            return
+        kept = 0
+        for metric, cached in list(self._prefixes.items()):
+            rows = batch.series.get(metric)
+            if not rows:
+                del self._prefixes[metric]
+                continue
+            live = {labels: cached[labels] for labels, _ in rows if labels in cached}
+            self._prefixes[metric] = live
+            kept += len(live)
+        self._cached = kept
+
     def render(self, batch: Batch, fmt: str) -> bytes:
         out: list[str] = []
         append = out.append
+        rendered = 0
         for metric in sorted(batch.series, key=_order):
             rows = batch.series[metric]
             if not rows:
@@ -171,12 +184,14 @@ class Renderer:
             if prefixes is None:
                 prefixes = self._prefixes[metric] = {}
             known = prefixes.get
+            rendered += len(rows)
             for labels, value in rows:
                 prefix = known(labels)
                 if prefix is None:
                     prefix = self._new_prefix(metric, labels, prefixes)
                 # ints (most values) inline; format_value gives str(value) for them too
                 append(f"{prefix}{value}\n" if type(value) is int else f"{prefix}{format_value(value)}\n")
+        self._forget_gone(batch, rendered)
         # Label values come from the system (process names, device names): never fail on bad bytes.
         return "".join(out).encode("utf-8", errors="replace")
 

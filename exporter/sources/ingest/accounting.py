@@ -20,13 +20,17 @@ across a daemon restart (`to_dict`, `from_dict`).
 from __future__ import annotations
 
 import base64
+import bisect
+import itertools
 import logging
 import math
 import sys
 from array import array
-from typing import Any
+from typing import Any, NamedTuple
 
 from goodput_client.contract import DEPRECATED_PHASES, PHASES
+
+from .metrics import STEP_BUCKETS
 
 log = logging.getLogger(__name__)
 
@@ -38,13 +42,19 @@ class History:
     """The first duration and compute seconds of each of the last `size` step numbers seen (contiguous from
     `first`; NaN for a number never seen), in two flat arrays: 16 bytes a step."""
 
-    __slots__ = ("computes", "durations", "first", "size")
+    __slots__ = ("computes", "dirty", "durations", "first", "fresh", "size", "unsaved", "unsaved_fresh")
 
     def __init__(self, size: int, first: int = 0) -> None:
         self.size = size
         self.first = first
         self.durations = array("d")
         self.computes = array("d")
+        # for the state journal: the first step number changed since the last `delta` (None: none) and whether the
+        # history began anew since then; the same of the deltas taken but not yet known written
+        self.dirty: int | None = None
+        self.fresh = True
+        self.unsaved: int | None = None
+        self.unsaved_fresh = False
 
     def __len__(self) -> int:
         return len(self.durations)
@@ -58,10 +68,13 @@ class History:
             index = step - self.first
             if index >= 0 and math.isnan(self.durations[index]):
                 self.durations[index], self.computes[index] = duration, compute
+                self._changed(step)
             return
+        self._changed(step)
         gap = step - end
         if gap >= self.size:  # a jump past everything kept
             self.first, self.durations, self.computes = step, array("d"), array("d")
+            self.fresh = True
         else:
             self.durations.extend([math.nan] * gap)
             self.computes.extend([math.nan] * gap)
@@ -69,6 +82,53 @@ class History:
         self.computes.append(compute)
         excess = len(self.durations) - self.size
         if excess > max(64, self.size // 8):  # trim in chunks: a deletion at the front moves the whole array
+            del self.durations[:excess]
+            del self.computes[:excess]
+            self.first += excess
+
+    def _changed(self, step: int) -> None:
+        self.dirty = step if self.dirty is None else min(self.dirty, step)
+
+    def delta(self) -> dict[str, Any]:
+        """What changed since the last delta known written (`written`): the steps from the first changed one on (all
+        of them when the history began anew). Applied by `apply` to the history as it was after that delta."""
+        new = self.fresh or self.unsaved_fresh
+        marks = [m for m in (self.dirty, self.unsaved) if m is not None]
+        end = self.first + len(self.durations)
+        at = self.first if new else max(self.first, min(marks)) if marks else end
+        self.unsaved, self.unsaved_fresh = (at if at < end else None), new
+        self.dirty, self.fresh = None, False
+        index = at - self.first
+        return {"first": self.first, "at": at, "new": new, "durations": _packed(self.durations[index:]),
+                "computes": _packed(self.computes[index:])}
+
+    def written(self) -> None:
+        """The deltas taken (or a snapshot of the whole history) are on disk; what changed since is still to write."""
+        self.unsaved = None
+        self.unsaved_fresh = False
+
+    def apply(self, data: dict[str, Any]) -> None:
+        """Bring this history to what a `delta` of it said (ValueError: not a delta this module wrote)."""
+        first, at = _whole(data["first"]), _whole(data["at"])
+        durations, computes = _unpacked(data["durations"]), _unpacked(data["computes"])
+        if at < first or len(durations) != len(computes):
+            raise ValueError("a history delta out of shape")
+        end = self.first + len(self.durations)
+        if data["new"] or first < self.first or first > end:  # begun anew (a new run, a jump past what was kept)
+            self.first, self.durations, self.computes = first, array("d"), array("d")
+        elif first > self.first:  # trimmed at the front
+            del self.durations[:first - self.first]
+            del self.computes[:first - self.first]
+            self.first = first
+        index = at - self.first
+        gap = index - len(self.durations)
+        if gap > 0:
+            self.durations.extend([math.nan] * gap)
+            self.computes.extend([math.nan] * gap)
+        self.durations[index:] = durations
+        self.computes[index:] = computes
+        excess = len(self.durations) - self.size
+        if excess > max(64, self.size // 8):  # as `add` trims (never, for a delta this module wrote)
             del self.durations[:excess]
             del self.computes[:excess]
             self.first += excess
@@ -131,8 +191,9 @@ class Account:
     """One rank's accounting on this node, over all its sessions."""
 
     __slots__ = ("base", "downtime", "first_wall", "flops", "history", "last_step", "last_wall", "offset",
-                 "pending_compute", "phases", "restarted", "session_elapsed", "started_at", "untracked",
-                 "wasted_compute", "wasted_seconds", "wasted_steps", "where")
+                 "pending_compute", "phases", "restarted", "restarts", "samples", "session_elapsed", "shifts",
+                 "started_at", "step_counts", "step_seconds", "steps", "tokens", "untracked", "wasted_compute",
+                 "wasted_seconds", "wasted_steps", "where")
 
     def __init__(self, step_history: int, where: str = "") -> None:
         self.where = where  # "workload/rank", for the log
@@ -153,6 +214,14 @@ class Account:
         self.wasted_seconds = 0.0
         self.wasted_compute = 0.0
         self.flops: dict[str, float] = {}
+        # the step events' totals: kept here, with the rest, so that a restart continues every counter or none
+        self.steps = 0
+        self.tokens = 0
+        self.samples = 0
+        self.step_counts = [0] * (len(STEP_BUCKETS) + 1)  # step durations by bucket, not cumulative (+Inf last)
+        self.step_seconds = 0.0
+        self.shifts = {"up": 0, "down": 0}  # lasting step-time shifts, by direction
+        self.restarts = 0  # "restart" sessions
 
     # --- what the counters show -----------------------------------------------------------------------
 
@@ -246,8 +315,13 @@ class Account:
         self._leave(now, elapsed)
 
     def step(self, now: float, duration: float, number: int | None, flops: float | None, dtype: str,
-             elapsed: float | None) -> None:
+             elapsed: float | None, tokens: int = 0, samples: int = 0) -> None:
         self._enter(now, elapsed, duration)
+        self.steps += 1
+        self.tokens += tokens
+        self.samples += samples
+        self.step_counts[bisect.bisect_left(STEP_BUCKETS, duration)] += 1  # le: duration <= bound
+        self.step_seconds += duration
         if number is not None:
             if self.restarted and self.last_step is not None and number <= self.last_step:
                 self.resume(number - 1)  # a restart that named no step: its first step says where it went back to
@@ -277,43 +351,107 @@ class Account:
 
     # --- the state file -------------------------------------------------------------------------------
 
-    def to_dict(self) -> dict[str, Any]:
-        """A copy, for the state file (JSON-ready)."""
+    def _scalars(self) -> dict[str, Any]:
         return {"phases": dict(self.phases), "untracked": self.untracked, "base": self.base,
                 "session_elapsed": self.session_elapsed, "offset": self.offset, "started_at": self.started_at,
                 "first_wall": self.first_wall, "last_wall": self.last_wall, "downtime": self.downtime,
                 "last_step": self.last_step, "restarted": self.restarted, "pending_compute": self.pending_compute,
-                "history": self.history.to_dict(), "wasted_steps": self.wasted_steps,
-                "wasted_seconds": self.wasted_seconds, "wasted_compute": self.wasted_compute,
-                "flops": dict(self.flops)}
+                "wasted_steps": self.wasted_steps, "wasted_seconds": self.wasted_seconds,
+                "wasted_compute": self.wasted_compute, "flops": dict(self.flops), "steps": self.steps,
+                "tokens": self.tokens, "samples": self.samples, "step_counts": list(self.step_counts),
+                "step_seconds": self.step_seconds, "shifts": dict(self.shifts), "restarts": self.restarts}
+
+    def to_dict(self) -> dict[str, Any]:
+        """A copy, for the state file's snapshot (JSON-ready). Once it is written, `history.written()`: the next delta
+        may repeat some of it (harmless), never leave a step out."""
+        data = self._scalars()
+        data["history"] = self.history.to_dict()
+        return data
+
+    def delta_dict(self) -> dict[str, Any]:
+        """What the state journal keeps of a change: every figure, and the step history added since the last delta
+        (`history.written()` once it is on disk)."""
+        data = self._scalars()
+        data["history_delta"] = self.history.delta()
+        return data
+
+    def figures(self) -> Figures:
+        """What the metrics show of this account."""
+        return Figures(tuple(self.phases[p] for p in PHASES), self.untracked, self.elapsed, self.downtime,
+                       self.wasted_steps, self.wasted_seconds, self.wasted_compute, self.last_step,
+                       tuple(sorted(self.flops.items())), self.steps, self.tokens, self.samples,
+                       (list(itertools.accumulate(self.step_counts)), self.step_seconds), self.shifts["up"],
+                       self.shifts["down"], self.restarts)
 
     @classmethod
     def from_dict(cls, step_history: int, where: str, data: dict[str, Any]) -> Account:
         """Raises KeyError, TypeError, ValueError or ArithmeticError for data that is not an account this module
         wrote."""
         account = cls(step_history, where)
+        account.load(data)
+        account.history = History.from_dict(step_history, data["history"])
+        account.history.fresh = False  # as on disk
+        return account
+
+    def load(self, data: dict[str, Any]) -> None:
+        """Take the figures of `data` (a snapshot's account or a journal's delta); errors as `from_dict`'s."""
+        phases = dict.fromkeys(PHASES, 0.0)
         for name, seconds in data["phases"].items():
             phase = _phase(str(name))
-            if phase not in account.phases:
+            if phase not in phases:
                 raise ValueError(f"unknown phase {name!r}")
-            account.phases[phase] += _number(seconds)
-        account.untracked = _number(data["untracked"])
-        account.base = _number(data["base"])
-        account.session_elapsed = _number(data["session_elapsed"])
-        account.offset = _number(data["offset"])
-        account.started_at = _optional(data["started_at"])
-        account.first_wall = _optional(data["first_wall"])
-        account.last_wall = _optional(data["last_wall"])
-        account.downtime = _number(data["downtime"])
-        account.last_step = None if data["last_step"] is None else _whole(data["last_step"])
-        account.restarted = bool(data["restarted"])
-        account.pending_compute = _number(data["pending_compute"])
-        account.history = History.from_dict(step_history, data["history"])
-        account.wasted_steps = _whole(data["wasted_steps"])
-        account.wasted_seconds = _number(data["wasted_seconds"])
-        account.wasted_compute = _number(data["wasted_compute"])
-        account.flops = {str(k): _number(v) for k, v in data["flops"].items()}
-        return account
+            phases[phase] += _number(seconds)
+        self.phases = phases
+        self.untracked = _number(data["untracked"])
+        self.base = _number(data["base"])
+        self.session_elapsed = _number(data["session_elapsed"])
+        self.offset = _number(data["offset"])
+        self.started_at = _optional(data["started_at"])
+        self.first_wall = _optional(data["first_wall"])
+        self.last_wall = _optional(data["last_wall"])
+        self.downtime = _number(data["downtime"])
+        self.last_step = None if data["last_step"] is None else _whole(data["last_step"])
+        self.restarted = bool(data["restarted"])
+        self.pending_compute = _number(data["pending_compute"])
+        self.wasted_steps = _whole(data["wasted_steps"])
+        self.wasted_seconds = _number(data["wasted_seconds"])
+        self.wasted_compute = _number(data["wasted_compute"])
+        self.flops = {str(k): _number(v) for k, v in data["flops"].items()}
+        # version 1 files (earlier releases) kept no step totals: they start at 0 there, as they did
+        self.steps = _whole(data.get("steps", 0))
+        self.tokens = _whole(data.get("tokens", 0))
+        self.samples = _whole(data.get("samples", 0))
+        counts = [_whole(n) for n in data.get("step_counts", [0] * (len(STEP_BUCKETS) + 1))]
+        if len(counts) != len(STEP_BUCKETS) + 1:
+            raise ValueError(f"{len(counts)} step duration buckets, not {len(STEP_BUCKETS) + 1}")
+        self.step_counts = counts
+        self.step_seconds = _number(data.get("step_seconds", 0.0))
+        shifts = data.get("shifts", {})
+        self.shifts = {"up": _whole(shifts.get("up", 0)), "down": _whole(shifts.get("down", 0))}
+        self.restarts = _whole(data.get("restarts", 0))
+        if "history_delta" in data:
+            self.history.apply(data["history_delta"])
+
+
+class Figures(NamedTuple):
+    """An account's published figures, as of one moment (the last save, with a state file)."""
+
+    phases: tuple[float, ...]  # in PHASES' order
+    untracked: float
+    elapsed: float
+    downtime: float
+    wasted_steps: int
+    wasted_seconds: float
+    wasted_compute: float
+    last_step: int | None
+    flops: tuple[tuple[str, float], ...]
+    steps: int
+    tokens: int
+    samples: int
+    durations: tuple[list[int], float]  # the step duration histogram: cumulative bucket counts, sum
+    shifts_up: int
+    shifts_down: int
+    restarts: int
 
 
 def _optional(value: object) -> float | None:

@@ -63,6 +63,9 @@ MAX_PRUNED_KEPT = 64  # pruned captures remembered (id, dir), so that a late ans
 MAX_CAPTURES_KEPT = 1000  # beyond it the oldest finished are pruned too, however small: the index stays small
 WAITING = ("requested", "delivered")  # a rank's status before its outcome
 OPEN_DIR_MODE = 0o1777
+INDEX_ERRORS = ("corrupt", "unreadable", "unwritable")  # goodput_capture_index_errors_total's reasons
+MAX_LOGGED = 1024  # once-only log lines remembered (past it they start over)
+PARTIAL_SUFFIXES = (".partial", ".partial.tmp")  # what a rank leaves of a file it could not finish writing
 SEALED_DIR_MODE = 0o755
 
 
@@ -199,7 +202,8 @@ class Captures:
         self.pruned = 0
         self._undeletable: set[str] = set()  # prune failed: skipped by later prunes, logged once
         self._logged: set[tuple[str, ...]] = set()  # once-only log lines
-        self._write_failing = False
+        self._write_failing = False  # the index could not be written: written again at the next collect
+        self.index_errors: Counter[str] = Counter()
         try:
             os.makedirs(directory, mode=SEALED_DIR_MODE, exist_ok=True)
         except OSError as exc:
@@ -224,6 +228,7 @@ class Captures:
             if exc.corrupt:
                 self._set_aside(str(exc), partly=False)
             else:
+                self.index_errors["unreadable"] += 1
                 log.error("ingest: %s; the capture index starts fresh", exc)
             return
         if not payload:
@@ -258,6 +263,7 @@ class Captures:
         log.info("ingest: %d captures in %s", len(self._captures), self.index_path)
 
     def _set_aside(self, problem: str, partly: bool) -> None:
+        self.index_errors["corrupt"] += 1
         aside = set_aside(self.index_path, partly)
         log.error("ingest: the capture index %s is corrupt (%s), kept as %s; %s", self.index_path, problem, aside,
                   "the rest of it is used" if partly else "it starts fresh")
@@ -279,8 +285,10 @@ class Captures:
         try:
             write_whole(self.index_path, data, mode=0o644, sync=True)  # anyone on the node may list the captures
         except OSError as exc:
+            self.index_errors["unwritable"] += 1
             (log.debug if self._write_failing else log.error)(
-                "ingest: cannot write the capture index %s (%s); retried at the next change", self.index_path, exc)
+                "ingest: cannot write the capture index %s (%s); written again at the next collect until it is",
+                self.index_path, exc)
             self._write_failing = True
             return
         if self._write_failing:
@@ -289,7 +297,7 @@ class Captures:
 
     def _once(self, key: tuple[str, ...], level: int, message: str, *args: object) -> None:
         if key not in self._logged:
-            if len(self._logged) > 10_000:
+            if len(self._logged) >= MAX_LOGGED:
                 self._logged.clear()
             self._logged.add(key)
             log.log(level, message, *args)
@@ -345,8 +353,14 @@ class Captures:
             except OSError as exc:
                 log.error("ingest: cannot create the capture directory %s (%s); %s of %s captures nothing",
                           directory, exc.strerror or exc, trigger, workload)
+                why = f"the daemon cannot create the capture directory: {exc.strerror or exc}"[:MAX_CAPTURE_MESSAGE]
+                failed = {"result": "failed", "path": "", "bytes": 0, "message": why}
+                self._captures[capture_id] = Capture(
+                    capture_id, workload, trigger, detail, now, directory,
+                    {r: {"status": "failed", "kinds": {k: dict(failed) for k in CAPTURE_KINDS}} for r in asked},
+                    skipped_ranks=[r for r in wanted if r not in asked], finished_at=now, sealed=True)
                 self.results[(trigger, "failed")] += len(asked)
-                self._write()  # the rate limits it used
+                self._write()  # listed as failed, with the rate limits it used
                 return None
             capture = Capture(capture_id, workload, trigger, detail, now, directory,
                               {r: {"status": "requested", "kinds": {}} for r in asked},
@@ -492,6 +506,7 @@ class Captures:
                      self.interval)
         if capture.finished:
             capture.finished_at = now
+            self._remove_partials(capture)
             try:
                 os.chmod(capture.dir, SEALED_DIR_MODE)
             except OSError as exc:
@@ -499,6 +514,22 @@ class Captures:
             log.info("ingest: capture %s finished: %s", capture.id,
                      ", ".join(f"rank {r} {e['status']}" for r, e in sorted(capture.ranks.items(),
                                                                           key=lambda i: _rank_order(i[0]))))
+
+    @staticmethod
+    def _remove_partials(capture: Capture) -> None:
+        """Delete what ranks left of files they could not finish (a full disk, a rank killed mid-write): the daemon
+        owns the capture's directory, so it may, sticky bit or not."""
+        try:
+            with os.scandir(capture.dir) as entries:
+                stale = [e.path for e in entries
+                         if e.name.endswith(PARTIAL_SUFFIXES) and e.is_file(follow_symlinks=False)]
+        except OSError:
+            return
+        for path in stale:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        if stale:
+            log.info("ingest: capture %s: removed %d unfinished file(s) the ranks left", capture.id, len(stale))
 
     # --- expiry, the disk budget, metrics ---
 
@@ -519,7 +550,15 @@ class Captures:
                                                          "message": f"no answer within {self.timeout:g}s"})
                     self._decide(capture, rank, now)
                     changed = True
-            if changed:
+            self._last = {w: t for w, t in self._last.items() if now - t < self.interval}  # what still matters
+            self._refused = {k: t for k, t in self._refused.items() if now - t < self.interval}
+            if changed or self._write_failing:  # a write that failed (a full disk) is tried again until it is done
+                self._write()
+
+    def close(self) -> None:
+        """At shutdown: the index written, if its last write failed."""
+        with self._lock:
+            if self._write_failing:
                 self._write()
 
     def prune(self) -> None:
@@ -592,3 +631,5 @@ class Captures:
                     batch.add(c.CAPTURE_SKIPPED, (trigger, reason), self.skipped[(trigger, reason)])
             batch.add(c.CAPTURE_BYTES, (), sum(cap.bytes for cap in self._captures.values()))
             batch.add(c.CAPTURES_PRUNED, (), self.pruned)
+            for reason in INDEX_ERRORS:
+                batch.add(c.CAPTURE_INDEX_ERRORS, (reason,), self.index_errors[reason])

@@ -147,5 +147,10 @@ CAPTURES_PRUNED = _m(
     "goodput_captures_pruned_total", Kind.COUNTER, "",
     "Captures deleted, oldest first, to keep capture_dir within ingest.capture_max_bytes (and its index within "
     "1000 captures).", ())
+CAPTURE_INDEX_ERRORS = _m(
+    "goodput_capture_index_errors_total", Kind.COUNTER, "",
+    "Problems with the capture index (ingest.capture_dir/index.json), by reason: corrupt (unparsable or malformed: "
+    "set aside), unreadable, unwritable (a write failed, e.g. a full disk: written again at the next collect, until "
+    "it succeeds, and at shutdown).", ("reason",))
 
 METRICS = _m.metrics

@@ -51,8 +51,10 @@ class IngestConfig(SourceConfig):
         64, ge=1,
         description="Live (workload, model) pairs of inference requests kept on this node; more are rejected.")
     state_dir: str = Field(
-        "", description="Directory of the state file that keeps each rank's restart accounting (downtime, redone "
-        "steps, lifetime counters) across daemon restarts; empty: kept in memory only. The chart mounts a hostPath "
+        "", description="Directory of the state files that keep each rank's restart accounting (downtime, redone "
+        "steps, lifetime counters) across daemon restarts, a kill -9 included: a snapshot (ingest-state.json) and a "
+        "journal of what changed since (ingest-state.journal, its space allocated ahead: at least 256 KiB, or the "
+        "snapshot's size), so that a full disk costs nothing; empty: kept in memory only. The chart mounts a hostPath "
         "here.")
     restart_window: Duration = Field(
         21_600.0, gt=0, description="A rank's accounting (elapsed, phases, downtime, redone steps, model FLOPs) stays "

@@ -75,8 +75,7 @@ class IngestSource(Source):
     def collect(self) -> Batch:
         if self.listen_error is not None:
             raise SourceError("listen_failed", self.listen_error)
-        batch = self.state.snapshot()
-        self.state.save()  # before the batch is published: a counter seen is a counter kept
+        batch = self.state.snapshot()  # saves the state file first: a counter seen is a counter kept
         if self.captures is not None:
             self.captures.expire()
             self.captures.prune()
@@ -86,4 +85,8 @@ class IngestSource(Source):
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
-        self.state.save()  # after the server: nothing it accepted is left out
+        self.state.save(whole=True)  # after the server: nothing it accepted is left out
+        if self.captures is not None:
+            self.captures.close()
+        if self.state.state_file is not None:
+            self.state.state_file.close()

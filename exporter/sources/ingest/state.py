@@ -19,7 +19,7 @@ from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACK
 
 from ...core.exposition import Batch
 from . import metrics as c
-from .accounting import Account
+from .accounting import Account, Figures
 from .changepoint import StepTimeDetector
 from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
 from .peer import ROOT_UID, Sender, start_time
@@ -63,13 +63,7 @@ class _Histogram:
 @dataclass
 class _Rank:
     account: Account  # its time accounting: kept (dormant) after its series go, for a restart to continue
-    detector: StepTimeDetector  # its step time's normal level and lasting shifts
-    durations: _Histogram = field(default_factory=lambda: _Histogram(c.STEP_BUCKETS))
-    shifts: Counter[str] = field(default_factory=Counter)  # by direction: up, down
-    steps: int = 0
-    tokens: int = 0
-    samples: int = 0
-    restarts: int = 0
+    detector: StepTimeDetector  # its step time's normal level and lasting shifts (their count: in the account)
     last_event: float = 0.0
     ended_at: float | None = None
 
@@ -179,7 +173,11 @@ class IngestState:
         self._dormant: dict[tuple[str, str], Account] = {}
         self.state_file = state_file
         self._save_lock = threading.Lock()  # one write at a time, the last with the newest accounts
-        self._changed = False
+        self._dirty: set[tuple[str, str]] = set()  # ranks whose account changed since the last save
+        self._dropped: set[tuple[str, str]] = set()  # accounts forgotten since the last save
+        # with a state file, what each account's series show: its figures as of its last save (one whose save failed
+        # shows what is on disk, so that a restart can never show less); an account never saved shows its own
+        self._shown: dict[tuple[str, str], Figures] = {}
         if state_file is not None:
             self._restore(state_file)
         # (workload, model) -> its requests; apart from the ranks: a rank's end leaves them, idleness expires them
@@ -305,15 +303,11 @@ class IngestState:
                     model.last_event = now
                     model.add(event)
                 elif isinstance(event, StepEvent):
-                    rank.durations.observe(event.duration_seconds)
-                    rank.steps += 1
-                    rank.tokens += event.tokens
-                    rank.samples += event.samples
                     rank.account.step(now, event.duration_seconds, event.step, event.flops, event.dtype,
-                                      event.elapsed_seconds)
+                                      event.elapsed_seconds, event.tokens, event.samples)
                     direction = rank.detector.observe(event.duration_seconds, now)
                     if direction:
-                        rank.shifts[SHIFT_DIRECTIONS[direction]] += 1
+                        rank.account.shifts[SHIFT_DIRECTIONS[direction]] += 1
                         shifted.append((event.workload, str(event.rank), direction,
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
@@ -323,12 +317,12 @@ class IngestState:
                     rank.account.touch(now, event.elapsed_seconds)
                 else:  # start, restart
                     restart = event.event == "restart"
-                    rank.restarts += restart
+                    rank.account.restarts += restart
                     rank.ended_at = None
                     rank.account.session(now, restart, event.elapsed_seconds, event.started_at,
                                          event.resumed_from_step)
                 self.accepted[event.type] += 1
-            self._changed = True
+            self._dirty |= keys
         if peer_pid is not None and events:
             self._declare(peer_pid, keys)
         for workload, rank_name, direction, ranks in shifted:
@@ -353,9 +347,9 @@ class IngestState:
         return Account(self.step_history, "/".join(key))
 
     def _restore(self, state_file: StateFile) -> None:
-        """The accounts of the state file, dormant until their ranks report again; a malformed one is skipped
-        (the file counted as corrupt, a copy kept)."""
-        items = state_file.load()
+        """The accounts of the state file (its snapshot, then its journal's changes), dormant until their ranks report
+        again; a malformed one is skipped (the file counted as corrupt, a copy kept)."""
+        items, changes = state_file.load()
         problems = []
         for item in items:
             try:
@@ -363,29 +357,67 @@ class IngestState:
                 self._dormant[key] = Account.from_dict(self.step_history, "/".join(key), item["account"])  # type: ignore[arg-type]
             except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
                 problems.append(f"{exc.__class__.__name__}: {exc}")
+        for change in changes:
+            try:
+                key = (str(change["w"]), str(change["r"]))
+                if change.get("drop"):
+                    self._dormant.pop(key, None)
+                    continue
+                account = self._dormant.get(key) or Account(self.step_history, "/".join(key))
+                account.load(change["a"])
+                account.history.fresh = False  # as on disk
+                self._dormant[key] = account
+            except (KeyError, TypeError, ValueError, AttributeError, ArithmeticError) as exc:
+                problems.append(f"{exc.__class__.__name__}: {exc}")
         if problems:
-            state_file.quarantine(f"{len(problems)} of its {len(items)} accounts are malformed, the first: "
-                                  f"{problems[0]}", partly=True)
+            state_file.quarantine(f"{len(problems)} of its {len(items)} accounts and {len(changes)} changes are "
+                                  f"malformed, the first: {problems[0]}", partly=True)
+        self._shown = {key: account.figures() for key, account in self._dormant.items()}
         if items:
-            log.info("ingest: restored the accounting of %d ranks from %s", len(self._dormant), state_file.path)
+            log.info("ingest: restored the accounting of %d ranks from %s (%d changes after its snapshot)",
+                     len(self._dormant), state_file.path, len(changes))
 
-    def save(self) -> None:
-        """Write the state file if anything changed since the last write (the source does it before publishing
-        what it collected, and once more at shutdown)."""
+    def save(self, whole: bool = False) -> None:
+        """Write what changed since the last save to the state file (the source does it before publishing what it
+        collected, and once more at shutdown): the changed accounts into its journal, or a whole snapshot when the
+        journal is used up. The accounts saved show their figures as of now; when the write fails they go on showing
+        what was saved before (and the write is tried again at the next save). `whole`: a snapshot of everything
+        (at shutdown), unless the disk has no room for one."""
         if self.state_file is None:
             return
         with self._save_lock:
             with self._lock:
-                if not self._changed:
+                if not self._dirty and not self._dropped and not (whole and self.state_file.journaled):
                     return
-                accounts = [{"workload": w, "rank": r, "account": rank.account.to_dict()}
-                            for (w, r), rank in self._ranks.items()]
-                accounts += [{"workload": w, "rank": r, "account": account.to_dict()}
-                             for (w, r), account in self._dormant.items()]
-                self._changed = False
-            if not self.state_file.save(accounts):
+                dirty, dropped = self._dirty, self._dropped
+                self._dirty, self._dropped = set(), set()
+                everything = {**self._dormant, **{k: r.account for k, r in self._ranks.items()}}
+                snapshot = whole or self.state_file.wants_snapshot
+                saved = everything if snapshot else {k: everything[k] for k in dirty if k in everything}
+                if snapshot:
+                    accounts = [{"workload": w, "rank": r, "account": a.to_dict()} for (w, r), a in saved.items()]
+                else:
+                    records = [{"w": w, "r": r, "a": a.delta_dict()} for (w, r), a in saved.items()]
+                    records += [{"w": w, "r": r, "drop": 1} for w, r in dropped if (w, r) not in everything]
+                figures = {key: account.figures() for key, account in saved.items()}
+            ok = self.state_file.save(accounts) if snapshot else self.state_file.append(records)
+            if not ok and whole and not self.state_file.wants_snapshot:  # no room for a snapshot: the journal's
                 with self._lock:
-                    self._changed = True
+                    self._dirty |= dirty | set(saved)
+                    self._dropped |= dropped
+                self.save()
+                return
+            with self._lock:
+                if not ok:
+                    self._dirty |= dirty | (set(saved) if snapshot else set())
+                    self._dropped |= dropped
+                    return
+                for account in saved.values():
+                    account.history.written()
+                self._shown.update(figures)
+                for key in dropped:
+                    if key not in everything:
+                        self._shown.pop(key, None)
 
     def _declare(self, pid: int, keys: set[tuple[str, str]]) -> None:
         started = start_time(self._proc, pid)
@@ -424,23 +456,33 @@ class IngestState:
             self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
             return Declarations(claims, dict(self.ignored))
 
+    def _figures(self, key: tuple[str, str], account: Account) -> Figures:
+        """What the account's series show (the caller holds the lock)."""
+        if self.state_file is not None:
+            shown = self._shown.get(key)
+            if shown is not None:
+                return shown
+        return account.figures()
+
     @staticmethod
-    def _render(batch: Batch, key: tuple[str, str], account: Account) -> None:
-        for phase in PHASES:
-            batch.add(c.PHASE_SECONDS, (*key, phase), account.phases[phase])
-        batch.add(c.PHASE_SECONDS, (*key, UNTRACKED_PHASE), account.untracked)
-        batch.add(c.ELAPSED, key, account.elapsed)
-        batch.add(c.DOWNTIME, key, account.downtime)
-        batch.add(c.WASTED_STEPS, key, account.wasted_steps)
-        batch.add(c.WASTED_SECONDS, key, account.wasted_seconds)
-        batch.add(c.WASTED_COMPUTE, key, account.wasted_compute)
-        if account.last_step is not None:
-            batch.add(c.STEP_NUMBER, key, account.last_step)
-        for dtype, flops in sorted(account.flops.items()):
+    def _render(batch: Batch, key: tuple[str, str], figures: Figures) -> None:
+        for phase, seconds in zip(PHASES, figures.phases, strict=True):
+            batch.add(c.PHASE_SECONDS, (*key, phase), seconds)
+        batch.add(c.PHASE_SECONDS, (*key, UNTRACKED_PHASE), figures.untracked)
+        batch.add(c.ELAPSED, key, figures.elapsed)
+        batch.add(c.DOWNTIME, key, figures.downtime)
+        batch.add(c.WASTED_STEPS, key, figures.wasted_steps)
+        batch.add(c.WASTED_SECONDS, key, figures.wasted_seconds)
+        batch.add(c.WASTED_COMPUTE, key, figures.wasted_compute)
+        if figures.last_step is not None:
+            batch.add(c.STEP_NUMBER, key, figures.last_step)
+        for dtype, flops in figures.flops:
             batch.add(c.MODEL_FLOPS, (*key, dtype), flops)
 
     def snapshot(self) -> Batch:
-        """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace."""
+        """Render the accumulators; drop ranks idle past the timeout and ended ranks past the grace. With a state
+        file, what changed is saved first: the accounts show what is saved (a counter seen is a counter kept)."""
+        self.save()
         batch = Batch()
         now = self._clock()
         with self._lock:
@@ -450,10 +492,11 @@ class IngestState:
                 self._dormant[key] = self._ranks.pop(key).account
             for key in [k for k, a in self._dormant.items() if (a.last_wall or 0.0) < now - self.restart_window]:
                 del self._dormant[key]
-                self._changed = True
+                self._dropped.add(key)
             while len(self._dormant) > self.max_ranks:  # the oldest go first
-                del self._dormant[min(self._dormant, key=lambda k: self._dormant[k].last_wall or 0.0)]
-                self._changed = True
+                key = min(self._dormant, key=lambda k: self._dormant[k].last_wall or 0.0)
+                del self._dormant[key]
+                self._dropped.add(key)
             for key in [k for k, m in self._models.items() if now - m.last_event > self.idle_timeout]:
                 del self._models[key]
             for pid in [p for p, d in self._declared.items() if (d.workload, d.rank) not in self._ranks]:
@@ -462,23 +505,24 @@ class IngestState:
             for workload in [w for w in self._owners if w not in live]:
                 del self._owners[workload]  # its last rank expired or ended: anyone may start it anew
             for key, rank in sorted(self._ranks.items()):
-                batch.add(c.STEP_DURATION, key, rank.durations.rendered())
+                figures = self._figures(key, rank.account)
+                batch.add(c.STEP_DURATION, key, figures.durations)
                 summaries = rank.detector.summaries(now)
                 for window in STEP_TIME_WINDOWS:
                     if window in summaries:
                         batch.add(c.STEP_TIME, (*key, window), summaries[window])
                 if rank.detector.baseline is not None:
                     batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
-                for direction in SHIFT_DIRECTIONS.values():
-                    batch.add(c.STEP_SHIFTS, (*key, direction), rank.shifts[direction])
-                batch.add(c.STEPS, key, rank.steps)
-                batch.add(c.TOKENS, key, rank.tokens)
-                batch.add(c.SAMPLES, key, rank.samples)
-                self._render(batch, key, rank.account)
-                batch.add(c.RESTARTS, key, rank.restarts)
+                batch.add(c.STEP_SHIFTS, (*key, "up"), figures.shifts_up)
+                batch.add(c.STEP_SHIFTS, (*key, "down"), figures.shifts_down)
+                batch.add(c.STEPS, key, figures.steps)
+                batch.add(c.TOKENS, key, figures.tokens)
+                batch.add(c.SAMPLES, key, figures.samples)
+                self._render(batch, key, figures)
+                batch.add(c.RESTARTS, key, figures.restarts)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
             for key, account in sorted(self._dormant.items()):  # a restart's jump stays within a rate's reach
-                self._render(batch, key, account)
+                self._render(batch, key, self._figures(key, account))
             for key, model in sorted(self._models.items()):
                 batch.add(c.TTFT, key, model.ttft.rendered())
                 batch.add(c.TPOT, key, model.tpot.rendered())
@@ -502,3 +546,12 @@ class IngestState:
                     batch.add(c.STATE_ERRORS, (reason,), self.state_file.errors[reason])
         return batch
 
+
+
+def saved_accounts(directory: str, step_history: int = 2000) -> dict[tuple[str, str], Account]:
+    """The accounts a state directory holds (its snapshot and its journal's changes), as a restart restores them."""
+    files = StateFile(directory)
+    try:
+        return dict(IngestState(1, 1, 1.0, state_file=files, step_history=step_history)._dormant)
+    finally:
+        files.close()
