@@ -41,6 +41,8 @@ import instrument_overhead
 import nvml_calls
 import rules_scale
 import server_limits
+import soak
+import state_file
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results.md"
@@ -63,6 +65,8 @@ SECTIONS: list[tuple[str, Callable[[], str]]] = [
     ("Adaptive intervals", adaptive.section),
     ("Step-time change detector", changepoint.section),
     ("Server limits", server_limits.section),
+    ("Ingest state file: cost per save at 512 ranks", state_file.state_file_section),
+    ("Soak: RSS under an hour of workload churn", soak.section),
 ]
 
 _MARK = re.compile(r"^<!-- section: (?P<name>[\w.-]+) \| commit (?P<commit>\S+) \| (?P<date>\S+) \| "
