@@ -118,8 +118,9 @@ def build(names: Names) -> Dashboard:
     d = d.with_panel(timeseries_panel(
         "Requests no histogram judges", "Requests per second each model finished (aborted ones out) with nothing to "
         "judge an objective on: its engine has no histogram for it (TGI: time to first token; Triton, vLLM before "
-        "0.11, SGLang before 0.5.22: time per output token). Such a model has no joint attainment, SLO goodput or "
-        "burn rate rather than one counting the objective as met; GoodputInferenceSLOUnmeasured fires.",
+        "0.11, SGLang before 0.5.22: time per output token). Such a model has no SLO goodput rather than one "
+        "counting the objective as met; its burn rate counts the misses of what is judged; "
+        "GoodputInferenceSLOUnmeasured fires.",
         "reqps", [(f"workload:goodput_inference_slo_unjudged_requests:rate{short}{f()}", MODEL + " {{objective}}")]))
     d = d.with_panel(timeseries_panel(
         "Bucket each objective is judged at", "The histogram bound each objective is read at, per model: the "

@@ -17,13 +17,14 @@ buckets); a scrape without that bucket (an older, custom or trimmed layout) is r
 threshold that it has, among those the engines have used and Prometheus' defaults: a lower bound, and the bound used
 is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
 first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
-unjudged, the "unmeasured" alert fires, and the model has no joint figure nor SLO goodput. Two histograms do not say
-how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and min(a, b),
-and exactly where the client path counted it. SLO goodput counts the requests known to have met both (the client
-path's count, else the judged requests times the lower bound), never more than the finished requests less the
-aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else 1 - the upper
-bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its first token)
-counts in neither: no engine observes a time to first token for it.
+unjudged, the "unmeasured" alert fires, and the model has no lower bound of the joint figure nor SLO goodput (the
+upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages). Two histograms do
+not say how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and
+min(a, b), and exactly where the client path counted it. SLO goodput counts the requests known to have met both
+(the client path's count, else the judged requests times the lower bound), never more than the finished requests
+less the aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else
+1 - the upper bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its
+first token) counts in neither: no engine observes a time to first token for it.
 
 Requests are finished requests by a normalized reason (stop, length, abort, error) where the engine tells one, none
 where it does not; a served model without a model label is named for its pod's owner (Deployment, StatefulSet), and
@@ -362,11 +363,15 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
     n = f"(max without (objective) ({judged}) > 0)"
     keys = workload_keys(s)
     # a served model with an objective nothing can judge (no bucket at or below its threshold; or no histogram for it
-    # at all) has no joint figure: it would count that objective as met
+    # at all) has no lower bound, which SLO goodput multiplies by: it would count that objective as met. Its upper
+    # bound stays: it counts only the misses known to have happened, so the error ratio and the burn-rate pages
+    # still see a model that misses the objective it can judge.
     unknown = (f"(\n  ({judged} unless {met})\n  or\n  workload:goodput_inference_slo_unjudged_requests:rate{w}\n)")
 
     def bound_(expr: str, name: str) -> Rule:
-        return {"record": joint, "expr": f"(\n{expr}\n) unless on ({keys}) {unknown}", "labels": {"bound": name}}
+        if name == "lower":
+            expr = f"(\n{expr}\n) unless on ({keys}) {unknown}"
+        return {"record": joint, "expr": expr, "labels": {"bound": name}}
 
     rules += [
         {"record": att, "expr": f"workload:goodput_inference_slo_met_requests:rate{window}\n"
