@@ -6,7 +6,7 @@ import os
 from typing import Annotated
 
 from goodput_client.contract import DEFAULT_SOCKET, MAX_CAPTURE_STEPS
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, ValidationInfo, field_validator
 
 from ...core.settings import Duration, SourceConfig, loopback_address
 from .changepoint import DEFAULT_MIN_RATIO, DEFAULT_THRESHOLD, DEFAULT_WARMUP, MAX_WARMUP
@@ -132,18 +132,13 @@ class IngestConfig(SourceConfig):
         "step_time_shift (a rank of the workload got slower), hang (a collective hung), rank_missing (a rank "
         "missing from a collective).")
 
-    @field_validator("capture_dir")
+    @field_validator("capture_dir", "client_dir")
     @classmethod
-    def _check_capture_dir(cls, value: str) -> str:
+    def _check_absolute_dir(cls, value: str, info: ValidationInfo) -> str:
         if value and not os.path.isabs(value):
-            raise ValueError(f"{value!r} is not an absolute path: ranks are sent it and must find it")
-        return value.rstrip("/") or value
-
-    @field_validator("client_dir")
-    @classmethod
-    def _check_client_dir(cls, value: str) -> str:
-        if value and not os.path.isabs(value):
-            raise ValueError(f"{value!r} is not an absolute path: pods mount it at the path they are given")
+            why = {"capture_dir": "ranks are sent it and must find it",
+                   "client_dir": "pods mount it at the path they are given"}[info.field_name]
+            raise ValueError(f"{value!r} is not an absolute path: {why}")
         return value.rstrip("/") or value
 
     @field_validator("capture_workloads")
