@@ -60,17 +60,22 @@ def load_source_modules() -> None:
 
 
 class _CountedFunction:
-    """A libnvidia-ml function as pynvml looked it up, counting its calls; attributes pass through (pynvml sets
-    `restype` on some)."""
+    """A libnvidia-ml function as pynvml looked it up, counting its calls and the calling thread's CPU time inside
+    them (the driver's ioctls included); attributes pass through (pynvml sets `restype` on some)."""
 
-    def __init__(self, name: str, function: Any, calls: Counter[str]) -> None:
+    def __init__(self, name: str, function: Any, calls: Counter[str], cpu: dict[str, float]) -> None:
         object.__setattr__(self, "_name", name)
         object.__setattr__(self, "_function", function)
         object.__setattr__(self, "_calls", calls)
+        object.__setattr__(self, "_cpu", cpu)
 
     def __call__(self, *args: Any) -> Any:
         self._calls[self._name] += 1
-        return self._function(*args)
+        started = time.thread_time()
+        try:
+            return self._function(*args)
+        finally:
+            self._cpu[self._name] = self._cpu.get(self._name, 0.0) + time.thread_time() - started
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._function, name)
@@ -79,20 +84,22 @@ class _CountedFunction:
         setattr(self._function, name, value)
 
 
-def count_c_calls(pynvml: Any) -> Counter[str]:
-    """Count every C function call pynvml makes from now on (it looks each function up per call)."""
+def count_c_calls(pynvml: Any) -> tuple[Counter[str], dict[str, float]]:
+    """Count every C function call pynvml makes from now on (it looks each function up per call), and the CPU
+    seconds spent inside each function."""
     calls: Counter[str] = Counter()
+    cpu: dict[str, float] = {}
     lookup = pynvml._nvmlGetFunctionPointer
     wrapped: dict[str, _CountedFunction] = {}
 
     def counted_lookup(name: str) -> Any:
         function = wrapped.get(name)
         if function is None:
-            function = wrapped[name] = _CountedFunction(name, lookup(name), calls)
+            function = wrapped[name] = _CountedFunction(name, lookup(name), calls, cpu)
         return function
 
     pynvml._nvmlGetFunctionPointer = counted_lookup
-    return calls
+    return calls, cpu
 
 
 def measure(source: Any, seconds: float, interval: float, sleep: Callable[[float], None] = time.sleep,
@@ -186,11 +193,18 @@ def markdown(result: dict[str, Any]) -> list[str]:
         f"| {sum(backend.values()):.2f} | {sum(c_calls.values()):.2f} | {cpu[len(cpu) // 2] * 1000:.2f} ms | "
         f"{cpu[-1] * 1000:.2f} ms | {cpu[len(cpu) // 2] * 1000 / max(1, result['gpus']):.2f} ms |",
         "",
-        "| NVML function | calls per GPU per second (source) | C calls per GPU per second |",
-        "|---|---|---|",
+        "| NVML function | calls per GPU per second (source) | C calls per GPU per second | CPU per C call | "
+        "share of the CPU in C calls |",
+        "|---|---|---|---|---|",
     ]
+    c_cpu = result.get("c_cpu_s", {})
+    total_cpu = sum(c_cpu.values()) or 1.0
     for name in sorted(set(backend) | set(c_calls), key=lambda n: -max(backend.get(n, 0.0), c_calls.get(n, 0.0))):
-        lines.append(f"| `{name}` | {backend.get(name, 0.0):.3f} | {c_calls.get(name, 0.0):.3f} |")
+        count = result["c_calls"].get(name, 0)
+        per_call = f"{c_cpu[name] / count * 1000:.3f} ms" if count and name in c_cpu else "-"
+        share = f"{c_cpu[name] / total_cpu:.0%}" if name in c_cpu else "-"
+        lines.append(f"| `{name}` | {backend.get(name, 0.0):.3f} | {c_calls.get(name, 0.0):.3f} | {per_call} | "
+                     f"{share} |")
     if result["errors"]:
         lines += ["", "Errors counted: " + ", ".join(f"{k} x{v}" for k, v in sorted(result["errors"].items()))]
     for entry in result.get("probe", []):
@@ -217,19 +231,22 @@ def run(seconds: float, sleep: Callable[[float], None] = time.sleep, clock: Call
     from exporter.sources.nvml.library import NvmlLibrary
     from exporter.sources.nvml.source import NvmlSource
 
-    c_calls = count_c_calls(pynvml)
+    c_calls, c_cpu = count_c_calls(pynvml)
     source = NvmlSource(NvmlLibrary(), clock=wall_clock)
     c_before: Counter[str] = Counter()
+    cpu_before: dict[str, float] = {}
 
     def measured_collect(original: Callable[[], Any] = source.collect) -> Any:
         if not c_before and source._gpus is not None:  # the first collection is over: C calls count from here
             c_before.update(c_calls)
+            cpu_before.update(c_cpu)
         return original()
 
     source.collect = measured_collect  # type: ignore[method-assign]
     try:
         result = measure(source, seconds, INTERVAL, sleep, clock)
         c_steady = Counter(c_calls)  # before the probe's calls
+        cpu_steady = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in c_cpu.items()}
         result["probe"] = probe(pynvml, source)
         gpus = source._gpus or []
         model = gpus[0].info[2] if gpus else "no GPU"
@@ -238,7 +255,9 @@ def run(seconds: float, sleep: Callable[[float], None] = time.sleep, clock: Call
         source.close()
     c_steady.subtract(c_before)
     c_steady.pop("nvmlShutdown", None)
-    result.update(c_calls=dict(+c_steady), model=model, driver=driver, interval_s=INTERVAL,
+    cpu_steady.pop("nvmlShutdown", None)
+    result.update(c_calls=dict(+c_steady), c_cpu_s={k: v for k, v in cpu_steady.items() if c_steady.get(k)},
+                  model=model, driver=driver, interval_s=INTERVAL,
                   slow_interval_s=SLOW_INTERVAL, pynvml=_version("nvidia-ml-py"), python=platform.python_version(),
                   commit=_commit(), date=datetime.date.today().isoformat())
     return result
@@ -257,12 +276,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, type=Path, help="directory for nvml-real.json and nvml-real.md")
     parser.add_argument("--seconds", type=float, default=60.0, help="how long to collect (default 60)")
+    parser.add_argument("--commit", help="the commit measured, where the checkout has no git history (default: HEAD)")
     args = parser.parse_args()
     load_source_modules()
     from exporter.core.source import SourceError
 
     try:
         result = run(args.seconds)
+        if args.commit:
+            result["commit"] = args.commit
     except SourceError as exc:
         sys.exit(f"nvml_real: the NVML source cannot collect: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
