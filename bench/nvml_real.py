@@ -133,9 +133,10 @@ def measure(source: Any, seconds: float, interval: float, sleep: Callable[[float
             "wall_s": wall, "errors": dict(errors)}
 
 
-# Fields that could replace calls, asked side by side with those calls on the real GPU (not used by the source yet):
-# whether NVML_FI_DEV_PERF_POLICY_* count nanoseconds as nvmlDeviceGetViolationStatus does, and whether
-# NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL equal the active links' counters summed (72 calls on an H100).
+# Fields asked side by side with the calls they replace (or could) on the real GPU: NVML_FI_DEV_PERF_POLICY_* against
+# nvmlDeviceGetViolationStatus (the source reads the fields since an H200 showed them in the same nanoseconds), and
+# NVML_FI_DEV_NVLINK_*_ERROR_COUNT_TOTAL against the active links' counters summed (72 calls on an H100; not used by
+# the source yet).
 PROBE_POLICY_FIELDS = {0: 74, 1: 75, 2: 76, 3: 77, 4: 78, 5: 79}  # violation policy -> its field
 PROBE_NVLINK_TOTALS = {0: 52, 1: 59, 2: 38, 3: 45}  # NVLink error counter (replay, recovery, CRC flit, data) -> total
 

@@ -106,7 +106,12 @@ class FakeLibNvml:
         pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: 10**9, pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: 0,
         pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: 0, pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: 9,
         pynvml.NVML_FI_DEV_REMAPPED_COR: 3, pynvml.NVML_FI_DEV_REMAPPED_UNC: 1, pynvml.NVML_FI_DEV_REMAPPED_PENDING: 1,
-        pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0}
+        pynvml.NVML_FI_DEV_REMAPPED_FAILURE: 0,
+        # the violation counters in ns, as an idle H200 (driver 580.159.04) answered them: held back for low
+        # utilisation only
+        pynvml.NVML_FI_DEV_PERF_POLICY_POWER: 0, pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: 0,
+        pynvml.NVML_FI_DEV_PERF_POLICY_SYNC_BOOST: 0, pynvml.NVML_FI_DEV_PERF_POLICY_BOARD_LIMIT: 0,
+        pynvml.NVML_FI_DEV_PERF_POLICY_LOW_UTILIZATION: 86_978_581_952, pynvml.NVML_FI_DEV_PERF_POLICY_RELIABILITY: 0}
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, tuple[object, ...]]] = []
@@ -213,7 +218,7 @@ def _collect(times: int = 2, slow_interval: float = 30.0) -> tuple[Batch, str]:
 
 def test_the_ids_we_pass_are_nvmls() -> None:
     assert FI_MEMORY_TEMP == pynvml.NVML_FI_DEV_MEMORY_TEMP
-    ours = {name: getattr(api, name) for name in dir(api) if name.startswith("FI_")}
+    ours = {name: getattr(api, name) for name in dir(api) if name.startswith("FI_") and name != "FI_PERF_POLICY"}
     theirs = {"FI_ECC_SBE_VOL_TOTAL": "ECC_SBE_VOL_TOTAL", "FI_ECC_DBE_VOL_TOTAL": "ECC_DBE_VOL_TOTAL",
               "FI_RETIRED_SBE": "RETIRED_SBE", "FI_RETIRED_DBE": "RETIRED_DBE", "FI_RETIRED_PENDING": "RETIRED_PENDING",
               "FI_MEMORY_TEMP": "MEMORY_TEMP", "FI_TOTAL_ENERGY": "TOTAL_ENERGY_CONSUMPTION",
@@ -224,6 +229,10 @@ def test_the_ids_we_pass_are_nvmls() -> None:
               "FI_REMAPPED_PENDING": "REMAPPED_PENDING", "FI_REMAPPED_FAILURE": "REMAPPED_FAILURE",
               "FI_PCIE_TX_BYTES": "PCIE_COUNT_TX_BYTES", "FI_PCIE_RX_BYTES": "PCIE_COUNT_RX_BYTES"}
     assert ours == {name: getattr(pynvml, f"NVML_FI_DEV_{theirs[name]}") for name in ours}
+    policies = ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTILIZATION", "RELIABILITY")
+    nvml = {getattr(pynvml, f"NVML_PERF_POLICY_{name}"): getattr(pynvml, f"NVML_FI_DEV_PERF_POLICY_{name}")
+            for name in policies}
+    assert nvml == api.FI_PERF_POLICY
     assert ARGUMENT_VERSION_MISMATCH == pynvml.NVML_ERROR_ARGUMENT_VERSION_MISMATCH
     assert NVLINK_ERRORS == {
         pynvml.NVML_NVLINK_ERROR_DL_REPLAY: "replay", pynvml.NVML_NVLINK_ERROR_DL_RECOVERY: "recovery",
@@ -264,6 +273,12 @@ def test_health_series_through_pynvml_in_base_units(libnvml: FakeLibNvml) -> Non
     assert {(pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION, 0), (pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, 0),
             (pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES, 0)} <= set(asked[2])
     assert value(text, "goodput_gpu_energy_joules_total", **gpu) == 10**6
+    assert (pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL, 0) in asked[2]  # the violation counters: fields, every time
+    throttled = {s["reason"]: value(text, "goodput_gpu_clock_throttle_seconds_total", **s)
+                 for s in series(text, "goodput_gpu_clock_throttle_seconds_total")}
+    assert throttled == {"power": 0, "thermal": 0, "sync_boost": 0, "board_limit": 0,
+                         "low_utilization": 86.978581952, "reliability": 0}
+    assert libnvml.called("nvmlDeviceGetViolationStatus") == []
     # the active link only (link 1 is not), each counter by NVML's own id, summed per GPU
     errors = {s["error_type"]: value(text, "goodput_gpu_nvlink_errors_total", **s)
               for s in series(text, "goodput_gpu_nvlink_errors_total")}
@@ -361,10 +376,10 @@ def test_the_real_gpu_bench_counts_calls_and_cpu_per_collection(libnvml: FakeLib
     per_gpu_second = sum(calls.values()) / 60
     assert f"| {per_gpu_second:.2f} |" in text and "`nvmlDeviceGetFieldValues`" in text
     assert per_gpu_second <= 10
-    # the probe: the fake has no violation or NVLink-total fields (None), and the calls' answers beside them
+    # the probe: the fake has violation fields but no NVLink-total ones (None), and the calls' answers beside them
     (probe,) = result["probe"]
     assert probe["calls"]["violation_ns_1"] == 0 and probe["calls"]["nvlink_errors_2"] == 40  # link 0's CRC flit
-    assert probe["fields"]["74"] is None and probe["fields"]["38"] is None
+    assert probe["fields"]["78"] == 86_978_581_952 and probe["fields"]["38"] is None
 
 
 def test_the_real_gpu_bench_imports_no_third_party_package_but_pynvml() -> None:

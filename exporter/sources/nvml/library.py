@@ -141,8 +141,6 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
 
     @_translated
-    def device_violation_nanoseconds(self, handle: Handle, policy: int) -> int:
-        return int(pynvml.nvmlDeviceGetViolationStatus(handle, policy).violationTime)
 
     @_translated
     def device_memory_reserved_bytes(self, handle: Handle) -> int:

@@ -36,6 +36,7 @@ from .api import (
     FI_PCIE_REPLAY_COUNTER,
     FI_PCIE_RX_BYTES,
     FI_PCIE_TX_BYTES,
+    FI_PERF_POLICY,
     FI_REMAPPED_COR,
     FI_REMAPPED_FAILURE,
     FI_REMAPPED_PENDING,
@@ -112,6 +113,7 @@ def _energy(gpu: _Gpu, busy: float, elapsed: float) -> int:
 
 # The fields a GPU answers from its state: (GPU, busy seconds since start, seconds since start) -> the value. NVLink
 # data counters and the memory temperature are SimulatedGpus._field_plan's.
+_POLICY_OF_FIELD = {field_id: policy for policy, field_id in FI_PERF_POLICY.items()}  # violation counter -> policy
 _FIELDS: dict[int, Callable[[_Gpu, float, float], int]] = {
     FI_NVLINK_LINK_COUNT: lambda gpu, busy, elapsed: NVLINKS,
     FI_PCIE_TX_BYTES: lambda gpu, busy, elapsed: int(busy * PCIE_TX_BUSY_BYTES_PER_SECOND
@@ -707,8 +709,8 @@ class SimulatedGpus:
         self._check("device_pcie_link_max_width", handle)
         return PCIE_WIDTH
 
-    def device_violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
-        self._check("device_violation_nanoseconds", handle)
+    def _violation_nanoseconds(self, handle: _Gpu, policy: int) -> int:
+        """A violation counter (NVML_FI_DEV_PERF_POLICY_*): nanoseconds the GPU was held back for `policy`."""
         if not handle.throttles:
             return 0
         now = self._clock()
@@ -748,6 +750,9 @@ class SimulatedGpus:
                 plan.append(scope if scope < NVLINKS else None)  # KiB, per link
             elif field_id == FI_MEMORY_TEMP:
                 plan.append(lambda gpu, busy, elapsed: self._memory_temperature(gpu))
+            elif field_id in _POLICY_OF_FIELD:
+                plan.append(lambda gpu, busy, elapsed, policy=_POLICY_OF_FIELD[field_id]:
+                            self._violation_nanoseconds(gpu, policy))
             else:
                 plan.append(_FIELDS.get(field_id))
         return plan
