@@ -71,7 +71,7 @@ def run() -> list[Result]:
 
 
 def real_runs() -> list[dict]:
-    return [json.loads(path.read_text()) for path in sorted(DATA.glob("nvml-real-*.json"))]
+    return [{**json.loads(path.read_text()), "file": path.name} for path in sorted(DATA.glob("nvml-real-*.json"))]
 
 
 def markdown(results: list[Result], real: list[dict]) -> list[str]:
@@ -98,7 +98,7 @@ def markdown(results: list[Result], real: list[dict]) -> list[str]:
         lines.append("No run on a real GPU kept yet: run `python3 bench/nvml_real.py --out DIR` on a GPU node and copy "
                      "DIR/nvml-real.json to bench/data/nvml-real-<model>.json.")
     for result in real:
-        lines += [*nvml_real.markdown(result), ""]
+        lines += [f"#### bench/data/{result['file']}", "", *nvml_real.markdown(result), ""]
     return lines
 
 
