@@ -91,6 +91,7 @@ class AlertWatch:
         self.live = live
         self.seen: dict[str, set[frozenset[tuple[str, str]]]] = {"alertmanager": set(), "vm_alertmanager": set()}
         self.done = threading.Event()
+        self.lock = threading.Lock()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
@@ -104,10 +105,22 @@ class AlertWatch:
                 except httpx.HTTPError as exc:
                     self.errors.append(f"{name}: {exc!r}")
                     continue
-                for alert in alerts:
-                    labels = alert["labels"]
-                    assert isinstance(labels, dict)
-                    seen.add(frozenset((k, v) for k, v in labels.items() if k != "alertgroup"))
+                with self.lock:
+                    for alert in alerts:
+                        labels = alert["labels"]
+                        assert isinstance(labels, dict)
+                        seen.add(frozenset((k, v) for k, v in labels.items() if k != "alertgroup"))
+
+    def settle(self, timeout: float) -> None:
+        """Wait (up to `timeout`) until both Alertmanagers have held the same alerts: vmalert reads what the agents
+        wrote and evaluates on its own clock, so an alert whose `for` ends in the run's last seconds reaches one
+        side a few evaluations before the other (a straggler, on a loaded CI runner)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if self.seen["alertmanager"] == self.seen["vm_alertmanager"]:
+                    return
+            time.sleep(1.0)
 
     def stop(self) -> dict[str, set[frozenset[tuple[str, str]]]]:
         self.done.set()
@@ -145,6 +158,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         live.job.set_skipping(None)
         time.sleep(5)
         end = time.time()
+        watch.settle(45)
         # the daemon's body after every fault: it parses as OpenMetrics, no series twice
         check_openmetrics(httpx.get(f"{live.urls['exporter']}/metrics", timeout=10,
                                     headers={"Accept": "application/openmetrics-text"}).text)

@@ -167,8 +167,11 @@ def _phases(text: str, workload: str | None, rank: int) -> dict[str, float]:
 
 
 def _agrees(reported: float, own: float) -> None:
+    """Within 5%, or 2 ms for a phase of a few milliseconds: the job's timer and the hooks' clock reads sit a few
+    calls apart, and on a loaded 2-core runner those calls alone took 0.44 ms of a 6.7 ms save (CI, 2026-11-28). A
+    phase missed or counted twice is still off by all of itself."""
     assert own > 0 and reported > 0, (reported, own)
-    assert abs(reported - own) <= 0.05 * own, (reported, own)
+    assert abs(reported - own) <= max(0.05 * own, 0.002), (reported, own)
 
 
 def _adds_up(text: str, workload: str | None, rank: int) -> dict[str, float]:
