@@ -477,9 +477,10 @@ def _collective_missing(s: RulesSettings) -> list[Rule]:
     return [
         {"record": WAIT_STARTED,
          "expr": f"min by ({c}, workload, pg) (\n{indented(2)}\n)"},
+        # + 1 after the min: on one series per process group that waits, not on every rank's
         {"record": AWAITED,
-         "expr": f'min by ({c}, workload, pg) (\n  goodput_collective_last_seq{{state="completed"}} + 1\n'
-                 f"  and on ({rank}, pg)\n  (\n{indented(4)}\n  )\n)"},
+         "expr": f'min by ({c}, workload, pg) (\n  goodput_collective_last_seq{{state="completed"}}\n'
+                 f"  and on ({rank}, pg)\n  (\n{indented(4)}\n  )\n)\n+ 1"},
         {"record": MISSING_SECONDS,
          "expr": f"(\n  max without (state) (\n"
                  f'    goodput_collective_last_seq{{state="enqueued"}}\n'
