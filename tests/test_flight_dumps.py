@@ -342,7 +342,7 @@ def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Pa
     dump written after that (the rank started again) is read again; the others keep theirs."""
     import time
 
-    from exporter.sources.ingest.models import LifecycleEvent
+    from exporter.sources.ingest.models import LifecycleEvent, PhaseEvent
     from exporter.sources.ingest.state import IngestState
 
     folder = copy_scenario("hang4", tmp_path)
@@ -377,9 +377,15 @@ def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Pa
         assert value(text, "goodput_flight_recorder_files") == 3
         lifecycle(2, "end")  # its process still runs: the end it reported is enough
         assert dumped(render(source)) == ["0", "1"]
-        os.utime(folder / "nccl_trace_rank_3", None)  # rank 3 started again and wrote a dump
+        later = state.rank_ends()[("hang4", "3")] + 0.5  # a file's time is the kernel's coarser clock: not `now`
+        os.utime(folder / "nccl_trace_rank_3", (later, later))  # rank 3 started again and wrote a dump
         assert dumped(render(source)) == ["0", "1", "3"]
         assert state.rank_ends().keys() == {("hang4", "2"), ("hang4", "3")}
+        ranks[3].wait()
+        ranks[3] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        state.apply([PhaseEvent(type="phase", workload="hang4", rank=3, phase="compute", seconds=1.0)],
+                    peer_pid=ranks[3].pid)  # another process reports for rank 3: the end was the other one's
+        assert state.rank_ends().keys() == {("hang4", "2")}
         lifecycle(2, "restart")  # rank 2 goes on: its old dump is read again only once it is rewritten
         assert ("hang4", "2") not in state.rank_ends() and dumped(render(source)) == ["0", "1", "3"]
         os.utime(folder / "nccl_trace_rank_2", None)
