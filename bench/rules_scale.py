@@ -116,6 +116,9 @@ HEALTH_GAUGES = {"up": (1, 0), "pcie_link_generation": (5, 5), "pcie_link_max_ge
                  "pcie_link_width": (16, 8), "pcie_link_max_width": (16, 16), "row_remap_failure": (0, 0),
                  "row_remap_pending": (0, 1)}
 WASTEFUL = 5  # workloads redoing enough steps after restarts that GoodputWastedProgress pages (_long_value)
+# workloads hung on a missing rank: their rank 0 never enqueued collective 1001, which the other 63 have waited in
+# for 45 s (past rank_missing_seconds); the other workloads' ranks have an op in flight for 10 ms
+HUNG = 5
 DCGM_RATIOS = {"sm": 0.9, "dram": 0.4, "tensor": 0.6, "fp16": 0.1, "fp32": 0.2, "fp64": 0.0}  # x busy
 CLUSTER = 'cluster="gpu-east-1"'  # every target's cluster label
 SERVING = {"vllm": 1200, "sglang": 300, "tgi": 200, "triton": 200, "ray_vllm": 100}  # serving pods per engine
@@ -594,10 +597,13 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                 elif family == "goodput_step_duration_seconds_count":
                     counter(family, labels, 2)
                 elif family == "goodput_collective_last_seq":
-                    for state in ("enqueued", "completed"):
-                        gauge(family, f'{labels},pg="0",state="{state}"', 1000)
+                    waits = workload < HUNG and rank > 0
+                    gauge(family, f'{labels},pg="0",state="enqueued"', 1001 if waits else 1000)
+                    gauge(family, f'{labels},pg="0",state="completed"', 1000)
                 elif family == "goodput_collective_oldest_inflight_seconds":
-                    gauge(family, f'{labels},pg="0"', 0.01)
+                    gauge(family, f'{labels},pg="0"', 45 if workload < HUNG and rank > 0 else 0.01)
+                elif family == "goodput_flight_recorder_dump_timestamp_seconds":
+                    varying(family, labels, lambda t: t - 1)  # dumped a second before each scrape
                 else:
                     gauge(family, labels, now)
     _write_serving(declare, counter, varying)
@@ -653,8 +659,9 @@ def _checks() -> list[tuple[str, int]]:
     return [("count(gpu:goodput_gpu_idle_ratio:rate1h)", NODES * GPUS_PER_NODE),
             ("count(node:goodput_gpu_idle_ratio:rate5m)", NODES),
             ("count(workload_rank:goodput_straggler_ratio:rate5m)", WORKLOADS * RANKS),
-            # every rank's dump compared with its process group's wait, across nodes
-            ("count(workload_pg_rank:goodput_collective_missing:seconds)", WORKLOADS * RANKS),
+            # the hung workloads' waits, across nodes, and the rank each misses
+            ("count(workload_pg:goodput_collective_wait_started:min)", HUNG),
+            ("count(workload_pg_rank:goodput_collective_rank_missing:info)", HUNG),
             ("count(gpu:goodput_gpu_activity_class:avg5m)", NODES * GPUS_PER_NODE),
             ("count(workload:goodput_gpu_idle_ratio:rate5m)", WORKLOADS),
             ("count(namespace:goodput_ratio:rate5m)", NAMESPACES),

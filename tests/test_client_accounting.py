@@ -197,6 +197,26 @@ def test_a_phase_block_that_does_not_return_reports_its_time_as_it_passes(clock:
         ("compute", 0.5, 0.5), ("comm_wait", 2.5, 3.0), ("comm_wait", 1.5, 4.5), ("comm_wait", 0.25, 4.75)]
 
 
+def test_close_inside_a_phase_block_reports_its_time_before_the_end_and_nothing_after(
+        clock: ManualClock, sent: tuple[str, Events]) -> None:
+    """close() while a `with` block is still open (atexit, or a job that closes its reporter inside the block): the
+    block's time so far goes before the `end`, and neither the block's own end nor the sender's open-phase report
+    comes after it; the daemon's account of an ended rank takes nothing more."""
+    url, events = sent
+    telemetry = telemetry_to(url)
+    telemetry.open_phase_interval = 0.0  # the sender would report the open block on each pass
+    with telemetry.phase("comm_wait"):
+        clock.advance(1.5)
+        telemetry.close()
+        clock.advance(2.0)
+        time.sleep(0.1)
+    assert telemetry.dropped == 0 and len(events) == telemetry.sent
+    after_start = [(e["type"], e.get("phase") or e.get("event"), e.get("seconds"), e["elapsed_seconds"])
+                   for e in events[1:]]
+    assert after_start[-1] == ("lifecycle", "end", None, 1.5), after_start
+    assert sum(e[2] for e in after_start if e[0] == "phase") == 1.5  # type: ignore[misc]
+
+
 # --- step numbers -----------------------------------------------------------------------------------------
 
 

@@ -333,3 +333,65 @@ def test_a_workload_whose_dumps_stay_after_it_ended_loses_its_flight_series_with
         assert [s["rank"] for s in series(text, "goodput_flight_recorder_dump_timestamp_seconds")] == ["3"]
     finally:
         source.close()
+
+
+def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Path) -> None:
+    """At the default flight.stale_after: the real dumps of a hung 4-rank gloo job, each rank a real process that
+    declared itself to the ingest state as the events socket's peer. A rank whose process exits (killed, not yet
+    reaped: a zombie) or sends its `end` loses its flight series at the next collection, its dump still fresh; a
+    dump written after that (the rank started again) is read again; the others keep theirs."""
+    import time
+
+    from exporter.sources.ingest.models import LifecycleEvent, PhaseEvent
+    from exporter.sources.ingest.state import IngestState
+
+    folder = copy_scenario("hang4", tmp_path)
+    now = time.time()
+    for dump in folder.iterdir():
+        os.utime(dump, (now - 1, now - 1))  # written a second ago: fresh within the default stale_after
+    state = IngestState(8, 8, 600.0)
+    source = FlightSource(load(None, {"flight": {"dir": str(tmp_path), "rank_missing_after": "1s"}},
+                               environ={}).flight)
+    source.rank_ends = state.rank_ends
+    ranks = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]) for _ in range(4)]
+
+    def lifecycle(rank: int, event: str) -> None:
+        state.apply([LifecycleEvent(type="lifecycle", workload="hang4", rank=rank, event=event)],
+                    peer_pid=ranks[rank].pid)
+
+    def dumped(text: str) -> list[str]:
+        return sorted(s["rank"] for s in series(text, "goodput_flight_recorder_dump_timestamp_seconds"))
+
+    try:
+        for rank in range(4):
+            lifecycle(rank, "start")
+        text = render(source)
+        assert dumped(text) == ["0", "1", "2", "3"]
+        assert [s["rank"] for s in series(text, "goodput_collective_missing_rank")] == ["1"]
+        ranks[3].kill()  # not waited for: a zombie until the finally below reaps it
+        deadline = time.monotonic() + 10
+        while dumped(text := render(source)) != ["0", "1", "2"]:
+            assert time.monotonic() < deadline, text
+            time.sleep(0.05)
+        assert {s["rank"] for s in series(text, "goodput_collective_last_seq")} == {"0", "1", "2"}
+        assert value(text, "goodput_flight_recorder_files") == 3
+        lifecycle(2, "end")  # its process still runs: the end it reported is enough
+        assert dumped(render(source)) == ["0", "1"]
+        later = state.rank_ends()[("hang4", "3")] + 0.5  # a file's time is the kernel's coarser clock: not `now`
+        os.utime(folder / "nccl_trace_rank_3", (later, later))  # rank 3 started again and wrote a dump
+        assert dumped(render(source)) == ["0", "1", "3"]
+        assert state.rank_ends().keys() == {("hang4", "2"), ("hang4", "3")}
+        ranks[3].wait()
+        ranks[3] = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        state.apply([PhaseEvent(type="phase", workload="hang4", rank=3, phase="compute", seconds=1.0)],
+                    peer_pid=ranks[3].pid)  # another process reports for rank 3: the end was the other one's
+        assert state.rank_ends().keys() == {("hang4", "2")}
+        lifecycle(2, "restart")  # rank 2 goes on: its old dump is read again only once it is rewritten
+        assert ("hang4", "2") not in state.rank_ends() and dumped(render(source)) == ["0", "1", "3"]
+        os.utime(folder / "nccl_trace_rank_2", None)
+        assert dumped(render(source)) == ["0", "1", "2", "3"]
+    finally:
+        for process in ranks:
+            process.kill()
+            process.wait()
+        source.close()

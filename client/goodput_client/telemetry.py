@@ -442,6 +442,7 @@ class Telemetry:
         self._warned: set[str] = set()
         self._fr_target: str | None = None
         self._fr_thread: threading.Thread | None = None
+        self._fr_stop = threading.Event()  # set by close(), which writes the last dump itself, before the `end`
         # captures: whether this process takes them, and why not; the profile capture asked for or running (set
         # by the sender thread, cleared by the thread that ran it: one attribute check per step while None)
         if captures is None:
@@ -721,7 +722,7 @@ class Telemetry:
                 self._open.remove(block)
             except ValueError:  # left twice: reported already
                 return
-            if report:
+            if report and not self._closing:  # a block left after close() began: its time went before the `end`
                 self._put(("phase", block[0], now - block[1], now - self._t0))
 
     def _report_open_phases(self) -> None:
@@ -730,6 +731,8 @@ class Telemetry:
         if not self._open:
             return
         with self._phase_lock:
+            if self._closing:  # nothing after the `end`: close() reported the open phases before it
+                return
             now = _perf()
             for block in self._open:
                 if now - block[1] >= self.open_phase_interval:
@@ -753,7 +756,7 @@ class Telemetry:
         self._fr_thread.start()
 
     def _dump_loop(self, interval: float) -> None:
-        while not self._closed.wait(interval):
+        while not self._fr_stop.wait(interval):
             self._dump_once()
 
     def _dump_once(self) -> None:
@@ -914,17 +917,23 @@ class Telemetry:
         if self._closed.is_set():
             return
         atexit.unregister(self.close)  # a closed Telemetry is not kept alive until the process exits
-        self._closing = True  # from now on a profile request is answered "failed", not started
+        with self._phase_lock:  # each phase still open (close() inside a `with`) reports its time so far, then stops
+            now = _perf()
+            for block in self._open:
+                self._put(("phase", block[0], now - block[1], now - self._t0))
+                block[1] = now
+            self._closing = True  # from now on a profile request is answered "failed", not started
         self._end_profile(timeout)
+        if self._fr_thread is not None:  # the last dump before the `end`: the daemon ends the rank's dumps at its end
+            self._fr_stop.set()
+            self._fr_thread.join(timeout)
+            self._dump_once()  # the buffer as the job ends
         self.lifecycle("end")
         self.flush(timeout)
         if self._profile is not None:  # asked for by an answer the sender was reading as we began closing
             self._end_profile(timeout)
             self.flush(timeout)
         self._closed.set()
-        if self._fr_thread is not None:
-            self._fr_thread.join(timeout)
-            self._dump_once()  # the buffer as the job ends
         self._wake.set()
         self._thread.join(timeout)
         if not self._thread.is_alive():  # a sender still stuck in a request owns the connection

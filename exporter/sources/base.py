@@ -29,6 +29,9 @@ class Node:
     fabric: Any = None  # sources.fabric.sysfs.SysfsView: the simulated fabric; None: the host's sysfs
     # what processes declared over the events socket (ingest's, for process): set by a source built earlier
     declarations: Callable[[], Any] | None = None
+    # (workload, rank) -> when the rank's process was found ended (wall-clock seconds: its `end` event, or the process
+    # that reported for it exited); ingest's, for flight, whose dumps written before then are the dead process's
+    rank_ends: Callable[[], dict[tuple[str, str], float]] | None = None
     # asks the ranks of a workload on this node for captures: (workload, ranks, trigger, detail) -> the capture's
     # id or None; ingest's (its captures), for flight's hangs and missing ranks; None: captures are off
     captures: Callable[[str, list[str], str, str], Any] | None = None

@@ -14,6 +14,7 @@ def _build(node: Node, settings: Any) -> Source:
 
     source = FlightSource(settings)
     source.on_trouble = node.captures
+    source.rank_ends = node.rank_ends
     return source
 
 

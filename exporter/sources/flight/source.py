@@ -30,7 +30,10 @@ writes to the variable's value itself, without the rank. A CPU-only PyTorch (glo
 file of its own at all.
 
 A file is read again only when it changes (inode, size or mtime). A file not rewritten for flight.stale_after
-is a rank gone: its series and state end (the file itself is left where it is) until it is written again.
+is a rank gone: its series and state end (the file itself is left where it is) until it is written again. So does,
+at once, a dump written before its rank's process ended, as the ingest source knows it (`Node.rank_ends`: the
+rank's `end` event, or the exit of the process that reported for it over the events socket): the dump of a rank that
+is gone, until a newer one is written (a rank started again). Dumps that keep changing keep their rank.
 A bad version of a file is counted once in goodput_flight_recorder_rejected_total and logged once; a file that
 looks half-written (empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
 replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.
@@ -235,6 +238,9 @@ class FlightSource(Source):
         # asks the workload's ranks for captures on a hang or a missing rank (Node.captures); None: off
         self.on_trouble: Callable[[str, list[str], str, str], object] | None = None
         self._troubles: set[tuple[object, ...]] = set()  # what was already acted on: once per dump or gap
+        # (workload, rank) -> when its process was found ended (Node.rank_ends, ingest's); None: not known here
+        self.rank_ends: Callable[[], dict[tuple[str, str], float]] | None = None
+        self._ended: dict[str, FileKey] = {}  # versions of files written before their rank's process ended
         self._parser = ParseWorker(config.max_file_bytes, timeout=config.timeout)
         self._clock = clock
         self._prefixes = sorted(config.prefixes, key=len, reverse=True)  # the longest that fits wins
@@ -431,18 +437,48 @@ class FlightSource(Source):
                 # a dump not rewritten within stale_after is a rank gone (its file may stay): not read, no series
                 if self.stale_after:
                     chosen = [item for item in chosen if now - item.st.st_mtime <= self.stale_after]
+                chosen = self._live(chosen)
                 for item in chosen:
                     self._update(root, item, now, report)
         kept = {(item.workload, item.rank) for item in chosen}
         for slot in [s for s in self._states if s not in kept]:
             del self._states[slot]  # gone, or beyond max_files: no ghost series
-        for known in (self._failed, self._retries, self._withheld):
+        for known in (self._failed, self._retries, self._withheld, self._ended):
             for path in [p for p in known if p not in seen]:
                 del known[path]
         self._over &= seen
         batch = self._render(report)
         report.finish()
         return batch
+
+    def _live(self, chosen: list[_Found]) -> list[_Found]:
+        """The dumps not written before their rank's process ended; the others end their rank's series and state
+        (not read) until their file changes."""
+        if not chosen:
+            return chosen
+        ends = self._rank_ends()
+        live = []
+        for item in chosen:
+            if self._ended.get(item.path) == item.key:
+                continue
+            end = ends.get((item.workload, str(item.rank)))
+            if end is not None and item.st.st_mtime <= end:
+                self._ended[item.path] = item.key
+                log.info("flight: %s rank %d ended; its dump %s is not read until it is written again",
+                         item.workload, item.rank, item.path)
+                continue
+            self._ended.pop(item.path, None)
+            live.append(item)
+        return live
+
+    def _rank_ends(self) -> dict[tuple[str, str], float]:
+        if self.rank_ends is None:
+            return {}
+        try:
+            return self.rank_ends()
+        except Exception:  # the dumps are this source's; what ingest knows of the processes is extra
+            log.exception("flight: asking which ranks ended failed")
+            return {}
 
     def _render(self, report: _Reporter) -> Batch:
         batch = Batch()

@@ -16,6 +16,7 @@ def _build(node: Node, settings: Any) -> Source:
 
     source = IngestSource.from_settings(settings)
     node.declarations = source.state.declared  # which process reported what: for the process source
+    node.rank_ends = source.state.rank_ends  # which ranks' processes ended: for the flight source
     captures = source.captures
     if captures is not None:  # ingest.capture_dir is set: the flight source's hangs and missing ranks ask too
         def ask(workload: str, ranks: list[str], trigger: str, detail: str) -> str | None:

@@ -118,14 +118,15 @@ def sender_of(sock: socket.socket | None, proc: Path) -> Sender:
 
 
 def start_time(proc: Path, pid: int) -> int | None:
-    """The start time of `pid` (clock ticks after boot, /proc/PID/stat field 22), or None when gone."""
+    """The start time of `pid` (clock ticks after boot, /proc/PID/stat field 22), or None when gone (a zombie, which
+    has exited and waits for its parent to reap it, is gone)."""
     try:
         text = (proc / str(pid) / "stat").read_text()
     except OSError:
         return None
     fields = text.rpartition(")")[2].split()  # after the command name, which may hold spaces and ")"
     try:
-        return int(fields[19])  # fields[0] is field 3 (state)
+        return None if fields[0] in ("Z", "X") else int(fields[19])  # fields[0] is field 3 (state)
     except (IndexError, ValueError):
         return None
 

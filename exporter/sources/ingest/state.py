@@ -29,6 +29,7 @@ from .statefile import ERROR_REASONS, StateFile
 log = logging.getLogger(__name__)
 
 ENDED_GRACE = 60.0  # an ended rank's series stay this long, so the last scrape sees its final counts
+ENDS_KEPT = 3600.0  # how long the end of a rank's process is remembered (rank_ends), unless it starts again
 _PER_UID = {name: IngestConfig.model_fields[name].default
             for name in ("max_workloads_per_uid", "max_ranks_per_uid", "max_models_per_uid")}
 
@@ -184,6 +185,10 @@ class IngestState:
         self._models: dict[tuple[str, str], _Model] = {}
         # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
         self._declared: dict[int, Declaration] = {}
+        # (workload, rank) -> (when its process was found ended: its `end` event, or its declaring PID gone; that
+        # PID, None when unknown): rank_ends(), for the flight source. Cleared by the rank's start or restart, or by
+        # another process declaring the rank
+        self._ends: dict[tuple[str, str], tuple[float, int | None]] = {}
         self._proc = Path(proc_path)
         self.ignored: Counter[str] = Counter()
         self._mixed_logged: set[int] = set()
@@ -315,7 +320,9 @@ class IngestState:
                 elif event.event == "end":
                     rank.ended_at = now
                     rank.account.touch(now, event.elapsed_seconds)
+                    self._ends[(event.workload, str(event.rank))] = (now, peer_pid)
                 else:  # start, restart
+                    self._ends.pop((event.workload, str(event.rank)), None)
                     restart = event.event == "restart"
                     rank.account.restarts += restart
                     rank.ended_at = None
@@ -434,9 +441,33 @@ class IngestState:
                 return  # gone already
             (workload, rank), = keys
             self._declared[pid] = Declaration(started, workload, rank)
+            end = self._ends.get((workload, rank))
+            if end is not None and end[1] is not None and end[1] != pid:
+                del self._ends[(workload, rank)]  # another process is the rank now: its end is not this one's
 
     def declared(self) -> Declarations:
         """What live processes declared by reporting, each checked against its start time on the way."""
+        claims = self._sweep()
+        with self._lock:
+            return Declarations(claims, dict(self.ignored))
+
+    def rank_ends(self) -> dict[tuple[str, str], float]:
+        """(workload, rank) -> when the rank's process was found ended (wall-clock seconds): its `end` event arrived,
+        or the process that reported for it over the Unix socket exited (checked now, in /proc). A rank that starts
+        again, or that another process reports for, is not listed."""
+        self._sweep()
+        now = self._clock()
+        with self._lock:
+            for key in [k for k, (at, _) in self._ends.items() if at < now - ENDS_KEPT]:
+                del self._ends[key]
+            while len(self._ends) > self.max_ranks:  # the oldest go first
+                del self._ends[min(self._ends, key=lambda k: self._ends[k][0])]
+            return {key: at for key, (at, _) in self._ends.items()}
+
+    def _sweep(self) -> dict[int, tuple[str, str]]:
+        """The declarations of live processes, each checked against its start time; those of processes gone or
+        replaced are forgotten, and a rank whose declaring process exited, with no other live one declaring it, is
+        noted as ended."""
         with self._lock:
             declared = dict(self._declared)
         claims: dict[int, tuple[str, str]] = {}
@@ -449,12 +480,16 @@ class IngestState:
                 stale.append((pid, item))
                 if now is not None:  # alive, but another process: the PID was reused
                     self.ignored["pid_reused"] += 1
+        ended_at = self._clock()
         with self._lock:
             for pid, item in stale:  # gone or reused: forget it (unless it declared again meanwhile)
                 if self._declared.get(pid) is item:
                     del self._declared[pid]
+                    key = (item.workload, item.rank)
+                    if key not in claims.values() and key not in self._ends:
+                        self._ends[key] = (ended_at, pid)
             self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
-            return Declarations(claims, dict(self.ignored))
+            return claims
 
     def _figures(self, key: tuple[str, str], account: Account) -> Figures:
         """What the account's series show (the caller holds the lock)."""

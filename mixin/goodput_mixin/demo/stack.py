@@ -152,9 +152,11 @@ class Stack:
     def __init__(self, workdir: str | Path, ports: Ports, gpus: int = 8, ranks: int = 4,
                  webhook_url: str | None = None, settings: RulesSettings = DEMO_SETTINGS,
                  nics: int | None = None, remote_write: bool = False, nodes: int = 1, job: bool = True,
-                 serving: bool = True, serving_engines: tuple[str, ...] = ("vllm",)) -> None:
+                 serving: bool = True, serving_engines: tuple[str, ...] = ("vllm",),
+                 flight_stale_after: str | None = "10s") -> None:
         """`serving_engines`: whose metrics the simulated serving engine serves (vllm, triton); a second one runs
-        beside the first, as its own workload on the next GPU."""
+        beside the first, as its own workload on the next GPU. `flight_stale_after`: the daemons' flight.stale_after
+        (None: its default)."""
         if nodes < 1:
             raise StackError(f"nodes={nodes}: at least one")
         if not 1 <= len(serving_engines) <= 2:
@@ -168,6 +170,7 @@ class Stack:
         self.settings = settings
         self.with_job = job
         self.with_serving = serving
+        self.flight_stale_after = flight_stale_after
         self.ports.fill()
         self.nodes = [Node(i, self.ports.exporter if i == 0 else free_port(),
                            self.workdir if i == 0 else self.workdir / f"node{i}", SimulatedGpus(gpus), None)
@@ -264,9 +267,9 @@ class Stack:
             "dcgm": {"enabled": True, "interval": "1s"}, "host": {"interval": "5s"},
             "fabric": {"interval": "1s"},
             "ingest": {"interval": "1s", "socket_path": node.socket_path, "state_dir": str(node.workdir / "state")},
-            # a rank whose dumps stop (its process gone) ends 10 s after its last one
+            # a rank whose dumps stop ends 10 s after its last one (at once where its process is seen to end)
             "flight": {"interval": "1s", "dir": str(node.flight_dir), "rank_missing_after": "2s",
-                       "stale_after": "10s"},
+                       **({"stale_after": self.flight_stale_after} if self.flight_stale_after else {})},
             "kubelet": {"enabled": False},  # no kubelet on a laptop; the process source attributes the job
         }, environ={})
         sock = bind(config.web.listen_address)

@@ -459,17 +459,28 @@ def _collective_missing(s: RulesSettings) -> list[Rule]:
     its oldest op had waited), the collective the group waits in (the lowest one a rank waits in), and for every rank
     that has not enqueued it, how long after the wait began its own dump still showed so. Dump times are compared,
     never the dumps' raw sequence numbers, so the time between dumps (a healthy rank 20 collectives behind in an
-    older dump) does not accuse anyone. The rules run in turn: each reads the one before it fresh."""
+    older dump) does not accuse anyone. A rank waits when its dump, younger than dump_stale_seconds, shows a
+    collective in flight for longer than rank_missing_seconds: the ops of a healthy job, in flight for milliseconds,
+    and the dumps an earlier attempt of the job left behind, stuck in a wait that ended with it, accuse nobody (and
+    the waiting ranks of a healthy fleet are none, which keeps the joins below small). The rules run in turn: each
+    reads the one before it fresh."""
     c, n = s.cluster_label, s.node_label
-    inflight = "goodput_collective_oldest_inflight_seconds > 0"
     rank = f"{c}, {n}, workload, rank"
+    # each waiting rank's wait, since when: its fresh dump's time less how long its oldest op had waited then
+    waiting = [f"(\n  goodput_flight_recorder_dump_timestamp_seconds > time() - {s.dump_stale_seconds:g}\n)",
+               f"- on ({rank}) group_right ()",
+               f"(goodput_collective_oldest_inflight_seconds > {s.rank_missing_seconds:g})"]
+
+    def indented(spaces: int) -> str:
+        return "\n".join(" " * spaces + line for part in waiting for line in part.split("\n"))
+
     return [
         {"record": WAIT_STARTED,
-         "expr": f"min by ({c}, workload, pg) (\n  goodput_flight_recorder_dump_timestamp_seconds\n"
-                 f"  - on ({rank}) group_right ()\n  ({inflight})\n)"},
+         "expr": f"min by ({c}, workload, pg) (\n{indented(2)}\n)"},
+        # + 1 after the min: on one series per process group that waits, not on every rank's
         {"record": AWAITED,
-         "expr": f'min by ({c}, workload, pg) (\n  goodput_collective_last_seq{{state="completed"}} + 1\n'
-                 f"  and on ({rank}, pg)\n  ({inflight})\n)"},
+         "expr": f'min by ({c}, workload, pg) (\n  goodput_collective_last_seq{{state="completed"}}\n'
+                 f"  and on ({rank}, pg)\n  (\n{indented(4)}\n  )\n)\n+ 1"},
         {"record": MISSING_SECONDS,
          "expr": f"(\n  max without (state) (\n"
                  f'    goodput_collective_last_seq{{state="enqueued"}}\n'
