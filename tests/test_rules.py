@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -59,10 +60,18 @@ def test_promtool_finds_nothing_to_say() -> None:
 
 
 def test_promtool_unit_tests_pass() -> None:
+    """Each file in a promtool of its own, two at a time, the largest first: one promtool runs its files one after
+    the other, on one core (50 s of the suite's time when it ran them all)."""
     assert TESTS
-    result = subprocess.run([promtool(), "test", "rules", *map(str, TESTS)], capture_output=True, text=True,
-                            cwd=RULES / "tests")
-    assert result.returncode == 0, result.stdout + result.stderr
+
+    def run(path: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([promtool(), "test", "rules", str(path)], capture_output=True, text=True,
+                              cwd=RULES / "tests")
+
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(run, sorted(TESTS, key=lambda p: -p.stat().st_size)))
+    failed = [r.stdout + r.stderr for r in results if r.returncode != 0]
+    assert not failed, "\n".join(failed)
 
 
 def test_every_recording_rule_has_a_unit_test() -> None:
