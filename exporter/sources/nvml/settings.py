@@ -15,7 +15,8 @@ class NvmlConfig(SourceConfig):
         INTERVAL, description="How often the source collects: utilization, memory, power, energy, temperature, "
         "clocks, throttling, PCIe and NVLink traffic, processes. The idle counter integrates every utilization sample "
         f"NVML keeps (about {NVML_SAMPLE_SECONDS:g}s of them) whatever the interval, so it is exact at any interval up "
-        "to that; a shorter one only makes the gauges fresher, at about 20 NVML calls per GPU per collection.")
+        "to that; a shorter one only makes the gauges fresher, at the cost of one more collection's NVML calls "
+        "(about 15 per GPU on an H200: bench/results.md counts them by function).")
     slow_interval: Duration = Field(
         SLOW_INTERVAL, description="How often what only a fault, a reset or an operator changes is read: ECC error "
         "counts, retired pages, row remapping, PCIe replays, the PCIe link's maximum generation and width, the power "
