@@ -338,18 +338,20 @@ def test_a_workload_whose_dumps_stay_after_it_ended_loses_its_flight_series_with
 def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Path) -> None:
     """At the default flight.stale_after: the real dumps of a hung 4-rank gloo job, each rank a real process that
     declared itself to the ingest state as the events socket's peer. A rank whose process exits (killed, not yet
-    reaped: a zombie) or sends its `end` loses its flight series at the next collection, its dump still fresh; a
-    dump written after that (the rank started again) is read again; the others keep theirs."""
+    reaped: a zombie) loses its flight series at the next collection, its dump still fresh; one that sends its
+    `end` keeps them ENDED_GRACE, as its other series; a dump written after that (the rank started again) is read
+    again; the others keep theirs."""
     import time
 
     from exporter.sources.ingest.models import LifecycleEvent, PhaseEvent
-    from exporter.sources.ingest.state import IngestState
+    from exporter.sources.ingest.state import ENDED_GRACE, IngestState
 
     folder = copy_scenario("hang4", tmp_path)
     now = time.time()
     for dump in folder.iterdir():
         os.utime(dump, (now - 1, now - 1))  # written a second ago: fresh within the default stale_after
-    state = IngestState(8, 8, 600.0)
+    clock = [time.time()]
+    state = IngestState(8, 8, 600.0, clock=lambda: clock[0])
     source = FlightSource(load(None, {"flight": {"dir": str(tmp_path), "rank_missing_after": "1s"}},
                                environ={}).flight)
     source.rank_ends = state.rank_ends
@@ -375,7 +377,9 @@ def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Pa
             time.sleep(0.05)
         assert {s["rank"] for s in series(text, "goodput_collective_last_seq")} == {"0", "1", "2"}
         assert value(text, "goodput_flight_recorder_files") == 3
-        lifecycle(2, "end")  # its process still runs: the end it reported is enough
+        lifecycle(2, "end")  # its process still runs: the end it reported is enough, after the grace
+        assert dumped(render(source)) == ["0", "1", "2"]
+        clock[0] += ENDED_GRACE
         assert dumped(render(source)) == ["0", "1"]
         later = state.rank_ends()[("hang4", "3")] + 0.5  # a file's time is the kernel's coarser clock: not `now`
         os.utime(folder / "nccl_trace_rank_3", (later, later))  # rank 3 started again and wrote a dump

@@ -58,14 +58,15 @@ class FlightConfig(SourceConfig):
         10.0, description="A rank is reported missing from a collective only when its own dump was "
         "written this long after another rank enqueued it.")
     stale_after: DurationOrNever = Field(
-        120.0, ge=0, description="Seconds (or a duration: 2m): a rank's dump file not rewritten for this long ends "
-        "the rank's flight-recorder series and state, though the file stays (a job that ended or died); the file is "
-        "read again once it is rewritten. A rank whose process the daemon knows ended (its `end` event, or the exit "
-        "of the process that reported for it over the events socket) ends at once, whatever this says. Set it to at "
-        "least twice the jobs' dump interval (goodput_client's dump_flight_recorder: 60 s by default; one late dump "
-        "is not a rank gone): a live rank, hung or not, keeps rewriting its dump. The default, two dump intervals, "
-        "also ends the collective alerts of a job whose death the daemon cannot see within about 2 minutes. 0: never "
-        "(dumps are read however old).")
+        120.0, ge=0, description=(
+            "Seconds (or a duration: 2m): a rank's dump file not rewritten for this long ends the rank's "
+            "flight-recorder series and state, though the file stays (a job that ended or died); the file is read"
+            " again once it is rewritten. A rank whose process the daemon saw exit (the process that reported for"
+            " it over the events socket) ends at once, and one that sent its `end` a minute later, whatever this "
+            "says. Set it to at least twice the jobs' dump interval (goodput_client's dump_flight_recorder: 60 s "
+            "by default; one late dump is not a rank gone): a live rank, hung or not, keeps rewriting its dump. "
+            "The default, two dump intervals, also ends the collective alerts of a job whose death the daemon "
+            "cannot see within about 2 minutes. 0: never (dumps are read however old)."))
     hang_after: Duration = Field(
         300.0, gt=0, description="A collective in flight this long in a rank's dump is a hang: the workload's ranks "
         "on this node are asked for captures (ingest.capture_dir, ingest.capture_workloads), once per dump.")

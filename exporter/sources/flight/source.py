@@ -30,10 +30,11 @@ writes to the variable's value itself, without the rank. A CPU-only PyTorch (glo
 file of its own at all.
 
 A file is read again only when it changes (inode, size or mtime). A file not rewritten for flight.stale_after
-is a rank gone: its series and state end (the file itself is left where it is) until it is written again. So does,
-at once, a dump written before its rank's process ended, as the ingest source knows it (`Node.rank_ends`: the
-rank's `end` event, or the exit of the process that reported for it over the events socket): the dump of a rank that
-is gone, until a newer one is written (a rank started again). Dumps that keep changing keep their rank.
+is a rank gone: its series and state end (the file itself is left where it is) until it is written again. So does a
+dump written before its rank's process ended, as the ingest source knows it (`Node.rank_ends`: at once when the
+process that reported for the rank over the events socket exited, a minute after the rank's `end` event): the dump
+of a rank that is gone, until a newer one is written (a rank started again). Dumps that keep changing keep their
+rank.
 A bad version of a file is counted once in goodput_flight_recorder_rejected_total and logged once; a file that
 looks half-written (empty, or ending early) is first retried for PARTIAL_WRITE_GRACE seconds. Until a good version
 replaces it, the rank keeps the series of its last good dump, and its dump timestamp ages.

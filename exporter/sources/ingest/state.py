@@ -186,9 +186,9 @@ class IngestState:
         # sender PID (in the daemon's PID namespace, so read in its own /proc) -> what it last reported
         self._declared: dict[int, Declaration] = {}
         # (workload, rank) -> (when its process was found ended: its `end` event, or its declaring PID gone; that
-        # PID, None when unknown): rank_ends(), for the flight source. Cleared by the rank's start or restart, or by
-        # another process declaring the rank
-        self._ends: dict[tuple[str, str], tuple[float, int | None]] = {}
+        # PID, None when unknown; whether by its `end` event): rank_ends(), for the flight source. Cleared by the
+        # rank's start or restart, or by another process declaring the rank
+        self._ends: dict[tuple[str, str], tuple[float, int | None, bool]] = {}
         self._proc = Path(proc_path)
         self.ignored: Counter[str] = Counter()
         self._mixed_logged: set[int] = set()
@@ -320,7 +320,7 @@ class IngestState:
                 elif event.event == "end":
                     rank.ended_at = now
                     rank.account.touch(now, event.elapsed_seconds)
-                    self._ends[(event.workload, str(event.rank))] = (now, peer_pid)
+                    self._ends[(event.workload, str(event.rank))] = (now, peer_pid, True)
                 else:  # start, restart
                     self._ends.pop((event.workload, str(event.rank)), None)
                     restart = event.event == "restart"
@@ -452,17 +452,20 @@ class IngestState:
             return Declarations(claims, dict(self.ignored))
 
     def rank_ends(self) -> dict[tuple[str, str], float]:
-        """(workload, rank) -> when the rank's process was found ended (wall-clock seconds): its `end` event arrived,
-        or the process that reported for it over the Unix socket exited (checked now, in /proc). A rank that starts
-        again, or that another process reports for, is not listed."""
+        """(workload, rank) -> when the rank's process was found ended (wall-clock seconds): the process that
+        reported for it over the Unix socket exited (checked now, in /proc), or its `end` event arrived ENDED_GRACE
+        ago (a rank that finished keeps its last dump's series as long as its other series, so that the last scrape
+        sees its final counts; one that died has no more to say, and its collectives must stop accusing anyone). A
+        rank that starts again, or that another process reports for, is not listed."""
         self._sweep()
         now = self._clock()
         with self._lock:
-            for key in [k for k, (at, _) in self._ends.items() if at < now - ENDS_KEPT]:
+            for key in [k for k, (at, _, _) in self._ends.items() if at < now - ENDS_KEPT]:
                 del self._ends[key]
             while len(self._ends) > self.max_ranks:  # the oldest go first
                 del self._ends[min(self._ends, key=lambda k: self._ends[k][0])]
-            return {key: at for key, (at, _) in self._ends.items()}
+            return {key: at for key, (at, _, by_event) in self._ends.items()
+                    if not by_event or now - at >= ENDED_GRACE}
 
     def _sweep(self) -> dict[int, tuple[str, str]]:
         """The declarations of live processes, each checked against its start time; those of processes gone or
@@ -487,7 +490,7 @@ class IngestState:
                     del self._declared[pid]
                     key = (item.workload, item.rank)
                     if key not in claims.values() and key not in self._ends:
-                        self._ends[key] = (ended_at, pid)
+                        self._ends[key] = (ended_at, pid, False)
             self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
             return claims
 
