@@ -266,6 +266,21 @@ def test_a_pod_with_vllm_and_tgis_metrics_counts_once(rules: list[str], tmp_path
         {"expr": "server:goodput_inference_requests_waiting:sum", "eval_time": EVAL, "exp_samples": []}]})
 
 
+def test_a_real_tgi_beside_a_vllm_in_one_pod_is_counted(rules: list[str], tmp_path: Path) -> None:
+    """A pod running vLLM on port 8000 and a real TGI on port 80 (two targets of one job, no container label): the TGI
+    target is its own server, as only a target exposing vLLM's series is that vLLM's."""
+    own = {**VLLM_POD, "model_name": LLAMA}
+    tgi = {**VLLM_POD, "instance": "10.0.1.1:80", "model": "bigscience/bloom"}
+    series = [_series("vllm:num_requests_running", own, 3, gauge=True),
+              _series("vllm:request_success_total", {**own, "finished_reason": "stop"}, 30),
+              _series("tgi_request_success", tgi, 60), _series("tgi_batch_current_size", tgi, 2, gauge=True)]
+    record = "server:goodput_inference_requests:rate5m"
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [
+            _exp(record, {**VLLM_POD, "model": LLAMA, "engine": "vllm", "reason": "stop"}, 0.5),
+            _exp(record, {**tgi, "engine": "tgi"}, 1.0)]}]})
+
+
 def _vllm_scrape() -> str:
     """vLLM 0.11-shaped series (names, labels, default buckets from engines.py) for one model on one engine."""
     from goodput_mixin.rules.engines import VLLM

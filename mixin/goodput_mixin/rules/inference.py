@@ -171,8 +171,8 @@ class _Norm:
                     f'"{_quote(POD_OWNER)}")')
         if self.engine.yields_to:
             c = self.s.cluster_label
-            # the target: its pod and container where service discovery gives them, else its job
-            expr = f"({expr}) unless on ({c}, job, namespace, pod, container) {self.engine.yields_to}"
+            # the same target (instance: one pod may run a real TGI beside a vLLM on another port or container)
+            expr = f"({expr}) unless on ({c}, job, instance, namespace, pod, container) {self.engine.yields_to}"
         return expr
 
     def drop(self, native: Native) -> list[str]:
