@@ -249,6 +249,23 @@ def test_two_tgi_deployments_without_a_model_label_stay_two(rules: list[str], tm
             _exp(record, {"cluster": "c1", "namespace": "serve", "model": "code", "engine": "tgi"}, 0.5)]}]})
 
 
+def test_two_triton_deployments_serving_ensemble_stay_two(rules: list[str], tmp_path: Path) -> None:
+    """Triton's TensorRT-LLM model repository names its models the same in every deployment (ensemble, tensorrt_llm):
+    two Deployments in one namespace, no workload label from the scrape, are two served models (the workload named
+    for each pod's Deployment), and two replicas of one Deployment are one."""
+    pods = {"llama-trt-6d8f9c7b5-x2k9p": 10, "llama-trt-6d8f9c7b5-q7w4z": 20, "mistral-trt-7c9d5b8f6-m4n8t": 30}
+    series = [_series("nv_inference_request_success", {"cluster": "c1", "job": "triton", "instance": f"10.0.3.{i}:8002",
+                                                       "namespace": "serve", "pod": pod, "model": "ensemble",
+                                                       "version": "1"}, n)
+              for i, (pod, n) in enumerate(pods.items())]
+    record = "workload:goodput_inference_requests:rate5m"
+    model = {"cluster": "c1", "namespace": "serve", "model": "ensemble", "engine": "triton"}
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [
+            _exp(record, {**model, "workload": "llama-trt"}, 0.5),
+            _exp(record, {**model, "workload": "mistral-trt"}, 0.5)]}]})
+
+
 def test_a_pod_with_vllm_and_tgis_metrics_counts_once(rules: list[str], tmp_path: Path) -> None:
     """A vLLM build with TGIS-compatible metrics (IBM/vllm PR #18) exposes tgi_* beside vllm:* on one target: it is
     one vLLM server, not also a TGI one."""

@@ -76,6 +76,9 @@ class Engine:
     reason_label: str | None = None  # label on the finished-requests counter naming why a request finished
     reasons: tuple[tuple[str, str], ...] = ()  # (regex of the engine's reason values, the normalized reason)
     yields_to: str = ""  # a native series of another engine: a target exposing it is that engine's, not this one's
+    # its model names are the same in every deployment (Triton's TensorRT-LLM repository: ensemble, tensorrt_llm, ...):
+    # a target without a workload label is given its pod's owner as one, so that two deployments never merge
+    generic_models: bool = False
 
 
 # --- vLLM ---------------------------------------------------------------------------------------------------------
@@ -519,6 +522,6 @@ TRITON = Engine(
                    "Failed requests; reason (REJECTED, CANCELED, BACKEND, OTHER) since 24.x: CANCELED counts as "
                    "abort, the rest as error.", _TRITON, reason="error"),
         ),
-    }, reason_label="reason", reasons=(("CANCELED", "abort"), ("REJECTED|BACKEND|OTHER", "error")))
+    }, reason_label="reason", reasons=(("CANCELED", "abort"), ("REJECTED|BACKEND|OTHER", "error")), generic_models=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG, TGI, RAY_VLLM, TRITON)}

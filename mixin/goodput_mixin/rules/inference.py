@@ -16,8 +16,9 @@ bucket whose bound is the threshold (the settings refuse a threshold that is no 
 buckets); a scrape without that bucket (an older, custom or trimmed layout) is read at the largest bound below the
 threshold that it has, among those the engines have used and Prometheus' defaults: a lower bound, and the bound used
 is recorded. That share is read per served model from its recorded bucket rates (every server's buckets summed by
-bound), and multiplies the requests its servers' counts judged. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
-first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
+bound), and multiplies the requests its servers' counts judged. An objective nothing judges (no bound at or below the
+threshold, or no histogram for it: TGI's time to first token, Triton's time per output token) is unmeasured, never
+met: its finished requests are recorded as
 unjudged, the "unmeasured" alert fires, and the model has no lower bound of the joint figure nor SLO goodput (the
 upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages). Two histograms do
 not say how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and
@@ -169,6 +170,9 @@ class _Norm:
         if self.engine.model_label is None:
             expr = (f'label_replace(label_join({expr}, "model_pod", "/", "model", "pod"), "model", "$1", "model_pod", '
                     f'"{_quote(POD_OWNER)}")')
+        if self.engine.generic_models:
+            expr = (f'label_replace(label_join({expr}, "workload_pod", "/", "workload", "pod"), "workload", "$1", '
+                    f'"workload_pod", "{_quote(POD_OWNER)}")')
         if self.engine.yields_to:
             c = self.s.cluster_label
             # the same target (instance: one pod may run a real TGI beside a vLLM on another port or container)
@@ -179,7 +183,8 @@ class _Norm:
         """The engine's labels a normalized series sums or maxes away: all but the normalized ones (workload,
         model, reason) and the replica ranks, which rename() already took once; a renamed label goes too."""
         dropped = [label for label in native.labels if label not in NORMALIZED_LABELS and label not in REPLICA_LABELS]
-        return dropped + (["model_pod"] if self.engine.model_label is None else [])
+        return (dropped + (["model_pod"] if self.engine.model_label is None else [])
+                + (["workload_pod"] if self.engine.generic_models else []))
 
     def rule(self, record: str, expr: str, **labels: str) -> Rule:
         """A rule of this engine: its name in the `engine` label (a static label of the rule, so that the rules
