@@ -266,6 +266,25 @@ def test_two_triton_deployments_serving_ensemble_stay_two(rules: list[str], tmp_
             _exp(record, {**model, "workload": "mistral-trt"}, 0.5)]}]})
 
 
+def test_triton_waiting_requests_are_the_batchers_else_tritons_pending(rules: list[str], tmp_path: Path) -> None:
+    """A Triton pod whose in-flight batcher counts its waiting requests (2) reads those, not also Triton's pending gauge
+    (1) for the same model (docs/inference-engines.md: the batcher's, else the pending gauge); an older backend
+    without that gauge reads the pending one."""
+    new = {"cluster": "c1", "job": "triton", "instance": "10.0.3.1:8002", "namespace": "serve",
+           "pod": "trt-0", "model": "tensorrt_llm", "version": "1"}
+    old = {**new, "instance": "10.0.3.2:8002", "pod": "trt-1"}
+    series = [_series("nv_trt_llm_request_metrics", {**new, "request_type": "waiting"}, 2, gauge=True),
+              _series("nv_inference_pending_request_count", new, 1, gauge=True),
+              _series("nv_inference_pending_request_count", old, 3, gauge=True)]
+    record = "server:goodput_inference_requests_waiting:sum"
+
+    def server(target: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in target.items() if k != "version"} | {"workload": "trt", "engine": "triton"}
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [_exp(record, server(new), 2),
+                                                            _exp(record, server(old), 3)]}]})
+
+
 def test_a_pod_with_vllm_and_tgis_metrics_counts_once(rules: list[str], tmp_path: Path) -> None:
     """A vLLM build with TGIS-compatible metrics (IBM/vllm PR #18) exposes tgi_* beside vllm:* on one target: it is
     one vLLM server, not also a TGI one."""

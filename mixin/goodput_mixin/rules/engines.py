@@ -61,6 +61,9 @@ class Native:
     per: float = 1.0  # its value's unit per the normalized one: Triton's microsecond counters 1e6
     le_per: float = 1.0  # its bucket bounds' unit per second: Triton's millisecond histogram 1e3
     older: tuple[tuple[float, ...], ...] = ()  # earlier releases' default bucket lists (their bounds judge too)
+    # a gauge read only where the target does not expose this one (a selector with one label matcher) for the same
+    # labels but that matcher's: Triton's pending requests where the in-flight batcher counts its own waiting ones
+    unless: str = ""
 
 
 @dataclass(frozen=True)
@@ -505,7 +508,9 @@ TRITON = Engine(
                    "request_type=\"waiting\" (newer backends): requests waiting in the batcher.", _TRT,
                    match='request_type="waiting"'),
             Native("nv_inference_pending_request_count", "gauge", _TRITON_LABELS, (),
-                   "Requests accepted by Triton and not yet executing (its scheduler queue).", _TRITON),
+                   "Requests accepted by Triton and not yet executing (its scheduler queue); read only where the "
+                   "in-flight batcher has no waiting gauge for the model.", _TRITON,
+                   unless='nv_trt_llm_request_metrics{request_type="waiting"}'),
         ),
         "kv_cache_usage": (
             Native("nv_trt_llm_kv_cache_block_metrics", "gauge", (*_TRITON_LABELS, "kv_cache_block_type"), (),

@@ -209,12 +209,20 @@ class _Norm:
             expr = f"({expr} - {less}) or {expr}"
         return f"({expr}) / {native.per:g}" if native.per != 1 else expr
 
+    @staticmethod
+    def _unless(expr: str, native: Native) -> str:
+        """`expr` where the target has no series of `native.unless` with the same labels (but its matcher's)."""
+        if not native.unless:
+            return expr
+        label = native.unless.split("{", 1)[1].split("=", 1)[0]
+        return f"({expr} unless ignoring ({label}) {native.unless})"
+
     def server(self, signal: str, fn: str, counter: bool) -> str | None:
         """Per server: `fn without (the engine's own labels)` over each name the engine has used for `signal`."""
         names = self.engine.signals.get(signal, ())
         if not names:
             return None
-        parts = [self.rename(self.rate(n) if counter else self.select(n), n) for n in names]
+        parts = [self.rename(self._unless(self.rate(n) if counter else self.select(n), n), n) for n in names]
         body = "\n  or\n  ".join(parts)
         dropped = sorted({label for n in names for label in self.drop(n)})
         # `without ()` when the engine has no labels of its own (TGI): every target label is kept
