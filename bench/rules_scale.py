@@ -220,6 +220,11 @@ def _models() -> tuple[Model, ...]:
                  for m in range(MODELS))
 
 
+def _deployment(model: Model) -> str:
+    """The Deployment serving `model`: its pods' owner."""
+    return f"{model.name.split('/')[1]}-{model.engine}"
+
+
 @functools.cache
 def _serving() -> tuple[Pod, ...]:
     """The serving pods, each engine's spread over its models, packed on the GPUs no rank holds."""
@@ -238,8 +243,10 @@ def _serving() -> tuple[Pod, ...]:
         assert first + model.gpus <= GPUS_PER_NODE and node < NODES, "the serving pods do not fit the fleet"
         slot += model.gpus
         m = _models().index(model)
-        deployment = f"{model.name.split('/')[1]}-{model.engine}"
-        pod = (f"{deployment}-{(m + 1) * 2654435761 % 16**10:010x}-"
+        deployment = _deployment(model)
+        # the ReplicaSet's hash and the pod's suffix, in Kubernetes' alphabet (so the pod's owner is found from them)
+        replica_set = "".join(chars[((m + 1) * 2654435761 // len(chars) ** k) % len(chars)] for k in range(10))
+        pod = (f"{deployment}-{replica_set}-"
                + "".join(chars[((index + 1) * 7919 // len(chars) ** k) % len(chars)] for k in range(5)))
         target = (f'{CLUSTER},instance="10.{64 + index // 62500}.{index // 250 % 250}.{index % 250 + 2}:'
                   f'{PORTS[model.engine]}",job="{model.engine}",namespace="{model.namespace}",pod="{pod}"')
@@ -319,8 +326,9 @@ def _recorded_labels(name: str) -> list[str]:
         return [f'{CLUSTER},namespace="team{n}"' for n in range(NAMESPACES)]
     if level == "workload" and metric in ("goodput_inference_slo_requests", "goodput_inference_slo_met_requests"):
         # per served model and objective: those whose histogram its engine has (no workload label: Kubernetes
-        # discovery gives none)
+        # discovery gives none; an engine whose model names every deployment shares, Triton, gets its pods' owner)
         return [f'{CLUSTER},namespace="{m.namespace}",model="{m.name}",engine="{m.engine}",objective="{objective}"'
+                + (f',workload="{_deployment(m)}"' if ENGINES[m.engine].generic_models else "")
                 for m in _models() for objective, (_, signal) in OBJECTIVES.items()
                 if signal in ENGINES[m.engine].signals]
     if level == "workload" and metric == "goodput_phase_seconds":

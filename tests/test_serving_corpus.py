@@ -249,6 +249,42 @@ def test_two_tgi_deployments_without_a_model_label_stay_two(rules: list[str], tm
             _exp(record, {"cluster": "c1", "namespace": "serve", "model": "code", "engine": "tgi"}, 0.5)]}]})
 
 
+def test_two_triton_deployments_serving_ensemble_stay_two(rules: list[str], tmp_path: Path) -> None:
+    """Triton's TensorRT-LLM model repository names its models the same in every deployment (ensemble, tensorrt_llm):
+    two Deployments in one namespace, no workload label from the scrape, are two served models (the workload named
+    for each pod's Deployment), and two replicas of one Deployment are one."""
+    pods = {"llama-trt-6d8f9c7b5-x2k9p": 10, "llama-trt-6d8f9c7b5-q7w4z": 20, "mistral-trt-7c9d5b8f6-m4n8t": 30}
+    series = [_series("nv_inference_request_success", {"cluster": "c1", "job": "triton", "instance": f"10.0.3.{i}:8002",
+                                                       "namespace": "serve", "pod": pod, "model": "ensemble",
+                                                       "version": "1"}, n)
+              for i, (pod, n) in enumerate(pods.items())]
+    record = "workload:goodput_inference_requests:rate5m"
+    model = {"cluster": "c1", "namespace": "serve", "model": "ensemble", "engine": "triton"}
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [
+            _exp(record, {**model, "workload": "llama-trt"}, 0.5),
+            _exp(record, {**model, "workload": "mistral-trt"}, 0.5)]}]})
+
+
+def test_triton_waiting_requests_are_the_batchers_else_tritons_pending(rules: list[str], tmp_path: Path) -> None:
+    """A Triton pod whose in-flight batcher counts its waiting requests (2) reads those, not also Triton's pending gauge
+    (1) for the same model (docs/inference-engines.md: the batcher's, else the pending gauge); an older backend
+    without that gauge reads the pending one."""
+    new = {"cluster": "c1", "job": "triton", "instance": "10.0.3.1:8002", "namespace": "serve",
+           "pod": "trt-0", "model": "tensorrt_llm", "version": "1"}
+    old = {**new, "instance": "10.0.3.2:8002", "pod": "trt-1"}
+    series = [_series("nv_trt_llm_request_metrics", {**new, "request_type": "waiting"}, 2, gauge=True),
+              _series("nv_inference_pending_request_count", new, 1, gauge=True),
+              _series("nv_inference_pending_request_count", old, 3, gauge=True)]
+    record = "server:goodput_inference_requests_waiting:sum"
+
+    def server(target: dict[str, str]) -> dict[str, str]:
+        return {k: v for k, v in target.items() if k != "version"} | {"workload": "trt", "engine": "triton"}
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [_exp(record, server(new), 2),
+                                                            _exp(record, server(old), 3)]}]})
+
+
 def test_a_pod_with_vllm_and_tgis_metrics_counts_once(rules: list[str], tmp_path: Path) -> None:
     """A vLLM build with TGIS-compatible metrics (IBM/vllm PR #18) exposes tgi_* beside vllm:* on one target: it is
     one vLLM server, not also a TGI one."""
@@ -264,6 +300,21 @@ def test_a_pod_with_vllm_and_tgis_metrics_counts_once(rules: list[str], tmp_path
         {"expr": "server:goodput_inference_requests_running:sum", "eval_time": EVAL,
          "exp_samples": [_exp("server:goodput_inference_requests_running:sum", server, 3)]},
         {"expr": "server:goodput_inference_requests_waiting:sum", "eval_time": EVAL, "exp_samples": []}]})
+
+
+def test_a_real_tgi_beside_a_vllm_in_one_pod_is_counted(rules: list[str], tmp_path: Path) -> None:
+    """A pod running vLLM on port 8000 and a real TGI on port 80 (two targets of one job, no container label): the TGI
+    target is its own server, as only a target exposing vLLM's series is that vLLM's."""
+    own = {**VLLM_POD, "model_name": LLAMA}
+    tgi = {**VLLM_POD, "instance": "10.0.1.1:80", "model": "bigscience/bloom"}
+    series = [_series("vllm:num_requests_running", own, 3, gauge=True),
+              _series("vllm:request_success_total", {**own, "finished_reason": "stop"}, 30),
+              _series("tgi_request_success", tgi, 60), _series("tgi_batch_current_size", tgi, 2, gauge=True)]
+    record = "server:goodput_inference_requests:rate5m"
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": record, "eval_time": EVAL, "exp_samples": [
+            _exp(record, {**VLLM_POD, "model": LLAMA, "engine": "vllm", "reason": "stop"}, 0.5),
+            _exp(record, {**tgi, "engine": "tgi"}, 1.0)]}]})
 
 
 def _vllm_scrape() -> str:

@@ -61,6 +61,9 @@ class Native:
     per: float = 1.0  # its value's unit per the normalized one: Triton's microsecond counters 1e6
     le_per: float = 1.0  # its bucket bounds' unit per second: Triton's millisecond histogram 1e3
     older: tuple[tuple[float, ...], ...] = ()  # earlier releases' default bucket lists (their bounds judge too)
+    # a gauge read only where the target does not expose this one (a selector with one label matcher) for the same
+    # labels but that matcher's: Triton's pending requests where the in-flight batcher counts its own waiting ones
+    unless: str = ""
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,9 @@ class Engine:
     reason_label: str | None = None  # label on the finished-requests counter naming why a request finished
     reasons: tuple[tuple[str, str], ...] = ()  # (regex of the engine's reason values, the normalized reason)
     yields_to: str = ""  # a native series of another engine: a target exposing it is that engine's, not this one's
+    # its model names are the same in every deployment (Triton's TensorRT-LLM repository: ensemble, tensorrt_llm, ...):
+    # a target without a workload label is given its pod's owner as one, so that two deployments never merge
+    generic_models: bool = False
 
 
 # --- vLLM ---------------------------------------------------------------------------------------------------------
@@ -502,7 +508,9 @@ TRITON = Engine(
                    "request_type=\"waiting\" (newer backends): requests waiting in the batcher.", _TRT,
                    match='request_type="waiting"'),
             Native("nv_inference_pending_request_count", "gauge", _TRITON_LABELS, (),
-                   "Requests accepted by Triton and not yet executing (its scheduler queue).", _TRITON),
+                   "Requests accepted by Triton and not yet executing (its scheduler queue); read only where the "
+                   "in-flight batcher has no waiting gauge for the model.", _TRITON,
+                   unless='nv_trt_llm_request_metrics{request_type="waiting"}'),
         ),
         "kv_cache_usage": (
             Native("nv_trt_llm_kv_cache_block_metrics", "gauge", (*_TRITON_LABELS, "kv_cache_block_type"), (),
@@ -519,6 +527,6 @@ TRITON = Engine(
                    "Failed requests; reason (REJECTED, CANCELED, BACKEND, OTHER) since 24.x: CANCELED counts as "
                    "abort, the rest as error.", _TRITON, reason="error"),
         ),
-    }, reason_label="reason", reasons=(("CANCELED", "abort"), ("REJECTED|BACKEND|OTHER", "error")))
+    }, reason_label="reason", reasons=(("CANCELED", "abort"), ("REJECTED|BACKEND|OTHER", "error")), generic_models=True)
 
 ENGINES: dict[str, Engine] = {e.name: e for e in (VLLM, SGLANG, TGI, RAY_VLLM, TRITON)}
