@@ -256,17 +256,13 @@ class _Norm:
         judged = self.workload(signal, "_count", native_sel)
         if self.engine is CLIENT or self.recorded(signal) is None:
             return judged
-        return (f"(\n{judged}\n) and on ({self._by()}) {self.recorded(signal, model_sel)}"
-                + self._together(signal, native_sel, model_sel))
-
-    def _together(self, signal: str, native_sel: str, model_sel: str) -> str:
-        """`unless` the records lack the model for another objective its servers count (see judged())."""
-        by, out = self._by(), ""
+        by = self._by()
+        expr = f"(\n{judged}\n) and on ({by}) {self.recorded(signal, model_sel)}"
         for _, other in OBJECTIVES.values():
             if other != signal and other in self.engine.signals and self.recorded(other) is not None:
-                out += (f"\nunless on ({by}) (\n{self.workload(other, '_count', native_sel)}\n"
-                        f"  unless on ({by}) {self.recorded(other, model_sel)}\n)")
-        return out
+                expr += (f"\nunless on ({by}) (\n{self.workload(other, '_count', native_sel)}\n"
+                         f"  unless on ({by}) {self.recorded(other, model_sel)}\n)")
+        return expr
 
     def met(self, signal: str, native_sel: str, model_sel: str, threshold: float) -> str:
         """Per served model: the requests at or under `threshold`, read at the largest bound at or below it that its
@@ -284,8 +280,7 @@ class _Norm:
         if share is not None:
             # else (no request judged at the record's instant, or a histogram without +Inf or count): the recorded rate
             at = f"max by ({by}) ({self.recorded(signal, model_sel, self._candidates(signal, threshold))})"
-            return (f"(\n  (\n{judged}\n  ) * on ({by}) {share}\n  or\n  {at}\n)"
-                    + self._together(signal, native_sel, model_sel))
+            return f"(\n{judged}\n) * on ({by}) {share}\nor\n{at}"
         parts = []
         for native in self.engine.signals[signal]:
             le = 'le=~"' + "|".join(le_pattern(b) for b in candidates(native, threshold)) + '"'
