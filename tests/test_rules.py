@@ -173,10 +173,9 @@ def test_an_override_gives_one_model_its_own_objectives(tmp_path: Path) -> None:
     met = "workload:goodput_inference_slo_met_requests:rate5m"
     budget = "workload:goodput_inference_slo_error_budget:ratio"
     own = expr(met, engine="vllm", objective="ttft", model=model)
-    # read from the served models' recorded buckets, whose model label is the normalized one
-    assert f'model="{model}"' in own and r'le=~"2\\.5|' in own  # then the bounds below it
+    assert f'model_name="{model}"' in own and r'le=~"2\\.5|' in own  # then the bounds below it
     default = expr(met, engine="vllm", objective="ttft")
-    assert r'model!~"meta\\-llama/Llama\\-3\\.1\\-70B\\-Instruct"' in default
+    assert r'model_name!~"meta\\-llama/Llama\\-3\\.1\\-70B\\-Instruct"' in default
     assert r'le=~"1|1\\.0|0\\.75|' in default
     assert f'model="{model}"' in expr(budget, engine="vllm", model=model) and expr(
         budget, engine="vllm", model=model).endswith("* 0.005")
@@ -220,8 +219,7 @@ def test_a_threshold_of_one_engine_is_accepted_for_that_engine_only(tmp_path: Pa
     result = render(tmp_path / "tgi", f"inference_slo_engines: {{tgi: {{tpot_seconds: {tgi_only!r}}}}}\n")
     assert result.returncode == 0, result.stderr
     text = (tmp_path / "tgi" / "out" / "goodput-recording.rules.yml").read_text()
-    assert (r'workload:goodput_inference_time_per_output_token_seconds_bucket:rate5m{engine="tgi", '
-            r'le=~"0\\.14778918800354002|0\\.1|') in text
+    assert r'tgi_request_mean_time_per_token_duration_bucket{le=~"0\\.14778918800354002|0\\.1|' in text
     result = render(tmp_path / "all", f"inference_slo: {{tpot_seconds: {tgi_only!r}}}\n")
     assert result.returncode == 2 and "vllm:request_time_per_output_token_seconds" in result.stderr, result.stderr
     assert re.search(r"nearest bounds: [^;]*\b0\.1, 0\.15\b", result.stderr), result.stderr

@@ -15,10 +15,8 @@ Attainment of an objective is the share of a histogram's observations at or unde
 bucket whose bound is the threshold (the settings refuse a threshold that is no bound of an engine's default
 buckets); a scrape without that bucket (an older, custom or trimmed layout) is read at the largest bound below the
 threshold that it has, among those the engines have used and Prometheus' defaults: a lower bound, and the bound used
-is recorded. That share is read per served model from its recorded bucket rates (every server's buckets summed by
-bound), and multiplies the requests its servers' counts judged. An objective nothing judges (no bound at or below the
-threshold, or no histogram for it: TGI's time to first token, Triton's time per output token) is unmeasured, never
-met: its finished requests are recorded as
+is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
+first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
 unjudged, the "unmeasured" alert fires, and the model has no lower bound of the joint figure nor SLO goodput (the
 upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages). Two histograms do
 not say how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and
@@ -105,13 +103,6 @@ def _quote(text: str) -> str:
 
 def _eq(label: str, value: str) -> str:
     return f'{label}="{_quote(value)}"'
-
-
-INF = 'le="+Inf"'
-
-
-def _le(bound: float) -> str:
-    return 'le=~"' + le_pattern(bound) + '"'
 
 
 def _matchers(*parts: str) -> str:
@@ -238,83 +229,22 @@ class _Norm:
                  if suffix != "_bucket" or native.le_per == 1]
         return f"sum by ({self._by(keep)}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
 
-    def recorded(self, signal: str, *matchers: str) -> str | None:
-        """The served models' bucket rates of `signal` as its group records them (every name the engine has used,
-        summed by served model and `le`), with `matchers`; None where a native's bounds are not in seconds (Triton's
-        milliseconds), which that record leaves out."""
-        if any(native.le_per != 1 for native in self.engine.signals[signal]):
-            return None
-        return (f"workload:goodput_inference_{HISTOGRAMS[signal]}_bucket:rate{self.s.windows[0]}"
-                + _matchers(_eq("engine", self.engine.name), *matchers))
-
-    def judged(self, signal: str, native_sel: str, model_sel: str) -> str:
-        """Per served model: the requests its histogram of `signal` judged, every server's count. Where the met counts
-        take their share from the recorded bucket rates (other groups'), only once the records have the model for
-        every objective its servers have counts of (so that no evaluation has one figure without the other, or one
-        objective without the other, as when those groups first run: the joint figures add both up, and the longer
-        windows average them)."""
-        judged = self.workload(signal, "_count", native_sel)
-        if self.engine is CLIENT or self.recorded(signal) is None:
-            return judged
-        by = self._by()
-        expr = f"(\n{judged}\n) and on ({by}) {self.recorded(signal, model_sel)}"
-        for _, other in OBJECTIVES.values():
-            if other != signal and other in self.engine.signals and self.recorded(other) is not None:
-                expr += (f"\nunless on ({by}) (\n{self.workload(other, '_count', native_sel)}\n"
-                         f"  unless on ({by}) {self.recorded(other, model_sel)}\n)")
-        return expr
-
-    def met(self, signal: str, native_sel: str, model_sel: str, threshold: float) -> str:
-        """Per served model: the requests at or under `threshold`, read at the largest bound at or below it that its
-        histogram has (the threshold's own bucket where it exists; an older or custom layout: the nearest below, so the
-        count is a lower bound). No such bound: nothing, the objective is unmeasured there.
-
-        The share at that bound comes from the served model's recorded bucket rates (its servers' buckets summed by
-        bound, over +Inf; where its servers' layouts differ, the bound counting the most, each a lower bound): reading
-        every candidate bound of every server again here took seconds at 2,000 servers (bench/results.md). It
-        multiplies the requests judged now, read here from every server's count, so that the counts of both objectives,
-        which the joint figures add up, are of one instant (the records are of their own groups' last evaluations)."""
-        judged = self.workload(signal, "_count", native_sel)
-        by = self._by()
-        share = self.share(signal, model_sel, threshold)
-        if share is not None:
-            # else (no request judged at the record's instant, or a histogram without +Inf or count): the recorded rate
-            at = f"max by ({by}) ({self.recorded(signal, model_sel, self._candidates(signal, threshold))})"
-            return f"(\n{judged}\n) * on ({by}) {share}\nor\n{at}"
+    def met(self, signal: str, matchers: str, threshold: float) -> str:
+        """Per served model: the requests at or under `threshold`, read at the largest bound at or below it that each
+        series has (the threshold's own bucket where it exists; an older or custom layout: the nearest below, so the
+        count is a lower bound). A series with no such bound gives nothing: the objective is unmeasured there."""
         parts = []
         for native in self.engine.signals[signal]:
             le = 'le=~"' + "|".join(le_pattern(b) for b in candidates(native, threshold)) + '"'
-            rate = self.rate(native, "_bucket", native_sel, le)
+            rate = self.rate(native, "_bucket", matchers, le)
             parts.append(self.rename(f"max without (le) (\n    {rate}\n  )", native))
-        return f"sum by ({by}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
+        return f"sum by ({self._by()}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
 
-    def share(self, signal: str, model_sel: str, threshold: float) -> str | None:
-        """The recorded share of a served model's observations at or under the bound judging `threshold`; None where
-        no record has the signal's buckets (Triton's, in milliseconds)."""
-        if self.recorded(signal) is None:
-            return None
-        by, at = self._by(), self.recorded(signal, model_sel, self._candidates(signal, threshold))
-        return (f"(\n  max by ({by}) ({at})\n"
-                f"  / on ({by}) (sum by ({by}) ({self.recorded(signal, model_sel, INF)}) > 0)\n)")
-
-    def _candidates(self, signal: str, threshold: float) -> str:
-        bounds = {b for native in self.engine.signals[signal] for b in candidates(native, threshold)}
-        return 'le=~"' + "|".join(le_pattern(b) for b in sorted(bounds, reverse=True)) + '"'
-
-    def bound(self, signal: str, native_sel: str, model_sel: str, threshold: float) -> str:
-        """Per served model: the bound (seconds) its met count was read at: from the recorded bucket rates, the
-        largest of those counting as many as the met count does; each series read on its own (Triton's), the lowest
-        of its series'."""
-        natives = self.engine.signals[signal]
-        if self.recorded(signal) is not None:
-            by, at = self._by(), self.recorded(signal, model_sel, self._candidates(signal, threshold))
-            bounds = sorted({b for native in natives for b in candidates(native, threshold)}, reverse=True)
-            each = " or ".join(f"{self.recorded(signal, model_sel, _le(b))} * 0 + {b:.12g}" for b in bounds)
-            return (f"max by ({by}) (\n  ({each})\n  and on ({by}, le)\n"
-                    f"  ({at} >= on ({by}) group_left max by ({by}) ({at}))\n)")
+    def bound(self, signal: str, matchers: str, threshold: float) -> str:
+        """Per served model: the bound (seconds) its met count was read at, the lowest of its series'."""
         parts = []
-        for native in natives:
-            each = " or ".join(self.select(native, "_bucket", native_sel, 'le=~"' + le_pattern(b) + '"')
+        for native in self.engine.signals[signal]:
+            each = " or ".join(self.select(native, "_bucket", matchers, 'le=~"' + le_pattern(b) + '"')
                                + f" * 0 + {b / native.le_per:.12g}" for b in candidates(native, threshold))
             parts.append(self.rename(f"max without (le) ({each})", native))
         return f"min by ({self._by()}) (\n  " + "\n  or\n  ".join(parts) + "\n)"
@@ -384,7 +314,6 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
         else:
             match, own = f'="{_quote(model)}"', {"model": model}
         sel = f"{norm.model_label}{match}" if match else ""
-        model_sel = f"model{match}" if match else ""  # the same on the recorded series, whose model is normalized
         objectives = resolve(s, engine.name, model)
 
         def counted(name: str, sel: str = sel) -> str:
@@ -397,12 +326,11 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
         bounds: dict[str, str] = {}
         for name, (field, signal) in OBJECTIVES.items():
             if signal in engine.signals:
-                judged[name] = norm.judged(signal, sel, model_sel)
+                judged[name] = norm.workload(signal, "_count", sel)
                 # the client judged each request against its own objectives, and counted those that met both
-                met[name] = counted(name) if engine is CLIENT else norm.met(signal, sel, model_sel,
-                                                                                getattr(objectives, field))
+                met[name] = counted(name) if engine is CLIENT else norm.met(signal, sel, getattr(objectives, field))
                 if engine is not CLIENT:
-                    bounds[name] = norm.bound(signal, sel, model_sel, getattr(objectives, field))
+                    bounds[name] = norm.bound(signal, sel, getattr(objectives, field))
         if engine is CLIENT:
             judged["both"], met["both"] = norm.workload("time_to_first_token", "_count", sel), counted("both")
         for name in judged:
