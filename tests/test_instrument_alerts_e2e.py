@@ -204,7 +204,9 @@ def test_an_unmodified_job_on_two_nodes_fires_every_job_alert(job_env: Venv, sta
         # 3. (beside the others) the one-node job's rank killed some seconds after its checkpoint
         checkpoint = restarted.workdir / f"node{b.index}" / "checkpoint-rank-0.pt"
         until("the one-node job's checkpoint", checkpoint.exists, 60)
-        time.sleep(4)
+        saved = checkpoint.stat().st_mtime
+        until("the one-node job's next checkpoint", lambda: checkpoint.stat().st_mtime > saved, 60)
+        time.sleep(4)  # then 4 s of steps that the restart redoes (the alert pages for 1.2 s over a minute)
         killed = restarted.held[0][2]
         os.kill(killed, signal.SIGKILL)
         mark("the one-node job's rank killed")
