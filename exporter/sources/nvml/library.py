@@ -141,8 +141,6 @@ class NvmlLibrary:
         return int(pynvml.nvmlDeviceGetClockInfo(handle, pynvml.NVML_CLOCK_MEM))
 
     @_translated
-
-    @_translated
     def device_memory_reserved_bytes(self, handle: Handle) -> int:
         # the v2 structure (driver 510+); an older driver lacks the call (FUNCTION_NOT_FOUND) or the version
         # (ARGUMENT_VERSION_MISMATCH): both read as unsupported
