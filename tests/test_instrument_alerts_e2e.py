@@ -17,7 +17,7 @@ test's), which can answer one rank slowly or not at all, and a rank's process ca
    few milliseconds apart, while the peer was still starting) and the job failed instead of resuming.
 
 GoodputCollectiveHang (a collective every rank entered that never completes) needs a fault in the fabric between the
-ranks, which nothing in a job's environment on one machine gives; it fires in tests/test_dashboards_live.py.
+ranks, which nothing in a job's environment on one machine gives; its promtool cases are in rules/tests/.
 """
 
 from __future__ import annotations
