@@ -164,7 +164,8 @@ def test_an_override_gives_one_model_its_own_objectives(tmp_path: Path) -> None:
                               'target: 0.995}\n')
     assert result.returncode == 0, result.stderr
     path = tmp_path / "out" / "goodput-recording.rules.yml"
-    slo = next(g["rules"] for g in yaml.safe_load(path.read_text())["groups"] if g["name"] == "goodput.inference_slo")
+    slo = [rule for g in yaml.safe_load(path.read_text())["groups"]
+           if g["name"].startswith("goodput.inference_slo_objectives.") for rule in g["rules"]]
 
     def expr(record: str, **labels: str) -> str:
         (found,) = [r["expr"] for r in slo if r["record"] == record and r.get("labels") == labels]
