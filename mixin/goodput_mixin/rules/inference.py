@@ -67,6 +67,8 @@ CLIENT = Engine(
 # the labels a normalized series keeps of an engine's own (the engines' model and finish-reason labels are renamed
 # to these; the client path's are these already)
 NORMALIZED_LABELS = ("workload", "model", "reason")
+# the bucket bound each objective is judged against (the nearest at or below its threshold)
+BOUND = "workload:goodput_inference_slo_judged_bound_seconds:min"
 
 # Labels of an engine's parallel ranks that report the same requests (SGLang's schedulers: with pipeline parallelism,
 # or --enable-metrics-for-all-schedulers, every stage or tensor-parallel rank reports the batch they share): a
@@ -338,8 +340,7 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
             rules += [norm.rule(f"workload:goodput_inference_slo_requests:rate{w}", judged[name], **labels),
                       norm.rule(f"workload:goodput_inference_slo_met_requests:rate{w}", met[name], **labels)]
             if name in bounds:
-                rules.append(norm.rule("workload:goodput_inference_slo_judged_bound_seconds:min", bounds[name],
-                                       **labels))
+                rules.append(norm.rule(BOUND, bounds[name], **labels))
         # the error budget (1 - target) of each served model, beside its figures
         budget = _matchers(_eq("engine", engine.name), f"model{match}" if match else "")
         rules.append(norm.rule("workload:goodput_inference_slo_error_budget:ratio",
@@ -349,6 +350,21 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
     return rules
 
 
+
+
+def _objective_groups(s: RulesSettings) -> list[Group]:
+    """Per engine: its judged and met requests per objective, and its error budgets, in one group, so that both counts
+    of every objective come from the same evaluation and the joint attainment's bounds are exact; the bucket bound
+    each objective is judged against (which nothing else reads) in a group of its own."""
+    groups: list[Group] = []
+    for engine in engines(s):
+        rules = _objective_rules(s, engine)
+        bounds = [rule for rule in rules if rule["record"] == BOUND]
+        groups.append({"name": f"goodput.inference_slo_objectives.{engine.name}",
+                       "rules": _sorted([rule for rule in rules if rule["record"] != BOUND])})
+        if bounds:
+            groups.append({"name": f"goodput.inference_slo_bounds.{engine.name}", "rules": bounds})
+    return groups
 
 
 def _attainment(s: RulesSettings, window: str) -> list[Rule]:
@@ -482,11 +498,10 @@ def inference_groups(s: RulesSettings) -> list[Group]:
         # in one group took close to a second, bench/results.md)
         *({"name": f"goodput.inference_{signal}.{rule['labels']['engine']}", "rules": [rule]}
           for signal in HISTOGRAMS for rule in _latency(s, signal)),
-        # the requests judged and met per objective, per engine (an engine's judged and met requests from the same
-        # evaluation, so that their ratio is exact), then what they attain (one evaluation behind): every engine's
-        # in one group took 0.93 s median on Prometheus and 1.1 s worst on vmalert at 2,000 pods
-        *({"name": f"goodput.inference_slo_objectives.{engine.name}", "rules": _sorted(_objective_rules(s, engine))}
-          for engine in engines(s)),
+        # the requests judged and met per engine, then what they attain (one evaluation behind): every engine's in
+        # one group took 0.93 s median on Prometheus and 1.1 s worst on vmalert at 2,000 pods; vLLM's alone with
+        # its judged bounds 0.77 s median and 1.13 s worst on Prometheus
+        *_objective_groups(s),
         {"name": "goodput.inference_slo_attainment", "rules": _attainment(s, short)},
         # the GPUs under each model, then each of their figures (one evaluation behind), which reads every GPU
         {"name": "goodput.inference_gpu", "rules": gpus[:2]},
