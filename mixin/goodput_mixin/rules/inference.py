@@ -350,8 +350,6 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
     return rules
 
 
-
-
 def _objective_groups(s: RulesSettings) -> list[Group]:
     """Per engine: its judged and met requests per objective, and its error budgets, in one group, so that both counts
     of every objective come from the same evaluation and the joint attainment's bounds are exact; the bucket bound
