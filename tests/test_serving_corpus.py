@@ -80,9 +80,12 @@ def target_of(sample: dict[str, Any]) -> dict[str, str]:
 
 
 def rounded(record: str) -> str:
-    """The record's value to 1e-12, per minute where it is a rate (promtool compares values exactly, and a rate of
-    109 per minute is no exact float per second)."""
-    return f"round({record}{' * 60' if ':rate' in record else ''} * 1e12) / 1e12"
+    """The record's value, per minute to 1e-9 where it is a rate, else to 1e-12 (promtool compares values exactly: a
+    rate of 109 per minute is no exact float per second, and 3810 per minute back from a per-second rate is off in
+    the 16th digit, which rounding to 1e-12 keeps)."""
+    if ":rate" in record:
+        return f"round({record} * 60 * 1e9) / 1e9"
+    return f"round({record} * 1e12) / 1e12"
 
 
 def expected_samples(record: str, sample: dict[str, Any], target: dict[str, str]) -> list[dict[str, Any]]:
