@@ -353,7 +353,7 @@ def _objective_rules(s: RulesSettings, engine: Engine) -> list[Rule]:
 def _objective_groups(s: RulesSettings) -> list[Group]:
     """Per engine: its judged and met requests per objective, and its error budgets, in one group, so that both counts
     of every objective come from the same evaluation and the joint attainment's bounds are exact; the bucket bound
-    each objective is judged against (which nothing else reads) in a group of its own."""
+    each objective is judged against (no rule reads it; the serving dashboard shows it) in a group of its own."""
     groups: list[Group] = []
     for engine in engines(s):
         rules = _objective_rules(s, engine)
