@@ -121,7 +121,7 @@ class AlertWatch:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             with self.lock:
-                if not unmatched(self.seen, end):
+                if not any(unmatched(self.seen, end)):
                     return
             time.sleep(1.0)
 
@@ -203,12 +203,11 @@ def _names(alerts: dict[frozenset[tuple[str, str]], float]) -> set[str]:
 
 
 def unmatched(seen: dict[str, dict[frozenset[tuple[str, str]], float]],
-              end: float) -> tuple[list[list[tuple[str, str]]], list[list[tuple[str, str]]]] | None:
-    """The alerts one Alertmanager held by `end` that the other never held (Prometheus's, vmalert's); None: none."""
+              end: float) -> tuple[list[list[tuple[str, str]]], list[list[tuple[str, str]]]]:
+    """The alerts one Alertmanager held by `end` that the other never held: (Prometheus's, vmalert's)."""
     prometheus, victoria = seen["alertmanager"], seen["vm_alertmanager"]
-    only_prometheus = sorted(sorted(a) for a, at in prometheus.items() if at <= end and a not in victoria)
-    only_victoria = sorted(sorted(a) for a, at in victoria.items() if at <= end and a not in prometheus)
-    return (only_prometheus, only_victoria) if only_prometheus or only_victoria else None
+    return (sorted(sorted(a) for a, at in prometheus.items() if at <= end and a not in victoria),
+            sorted(sorted(a) for a, at in victoria.items() if at <= end and a not in prometheus))
 
 
 def test_the_same_alerts_fire_through_vmalert(ran: Run) -> None:
@@ -217,7 +216,7 @@ def test_the_same_alerts_fire_through_vmalert(ran: Run) -> None:
     prometheus = ran.alerts["alertmanager"]
     assert not ran.watch_errors, ran.watch_errors
     assert len(_names(prometheus)) >= 8, sorted(_names(prometheus))
-    only_prometheus, only_victoria = unmatched(ran.alerts, ran.end) or ([], [])
+    only_prometheus, only_victoria = unmatched(ran.alerts, ran.end)
     assert not only_prometheus and not only_victoria, (
         f"on Prometheus only: {only_prometheus}\non vmalert only: {only_victoria}")
 

@@ -41,7 +41,6 @@ from typing import TYPE_CHECKING
 import fabric_cut
 import pytest
 from conftest import free_port
-from fabric_cut import FabricCut
 from goodput_mixin.demo.stack import Node, Ports, Stack
 from test_multinode_e2e import Job, _descendants, alerts, firing_description, named_ranks, query, until
 
@@ -263,7 +262,7 @@ def test_an_unmodified_job_on_two_nodes_fires_every_job_alert(job_env: Venv, sta
         data.set(stalled=set(range(job.ranks)))
         time.sleep(2)  # every collective that every rank entered has completed
         pids = job.ranks_now()
-        with FabricCut(pids[3], [pid for rank, pid in pids.items() if rank != 3]) as cut:
+        with fabric_cut.FabricCut(pids[3], [pid for rank, pid in pids.items() if rank != 3]) as cut:
             assert len(cut.links) >= 3, cut.links  # gloo's full mesh: one connection to each peer at least
             data.set()
             hang = until("GoodputCollectiveHang", lambda: alerts(stack, w, "GoodputCollectiveHang"), 90)
