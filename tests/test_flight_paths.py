@@ -172,8 +172,9 @@ def test_flight_dir_replaced_by_a_symlink_is_refused_by_the_daemon(tmp_path: Pat
             time.sleep(0.1)
     # the control, and the way to allow it: with flight.follow_dir_symlink the link is read
     with live_server(quick_config(flight={"dir": str(flight), "follow_dir_symlink": True})) as live:
-        text = live.metrics_when("goodput_collective_group_info", 1, workload="job", rank="0", pg="0", desc=marker)
-        assert value(text, "goodput_exporter_source_up", source="flight") == 1
+        live.metrics_when("goodput_collective_group_info", 1, workload="job", rank="0", pg="0", desc=marker)
+        # source_up is the exporter's own metric, published after the collection's batch: a scrape can fall between
+        live.metrics_when("goodput_exporter_source_up", 1, source="flight")
 
 
 def test_a_flight_dir_that_is_not_a_directory_says_what_it_is(tmp_path: Path) -> None:

@@ -47,6 +47,25 @@ class Scripted:
         self.release.set()
 
 
+def test_a_batch_is_published_after_the_health_that_says_it_succeeded() -> None:
+    """The self-metrics are marked stale (and the runner up) before the batch is published, so a scrape that
+    finds a collection's series never finds its source down beside them."""
+    seen: list[tuple[str, bool, int]] = []
+    stale = [0]
+
+    def publish(name: str, batch: Batch | None) -> None:
+        seen.append((name, runner.up, stale[0]))
+
+    source = Scripted("host")
+    runner = SourceRunner(source, interval=1, timeout=1, publish=publish,
+                          on_done=lambda: stale.__setitem__(0, stale[0] + 1))
+    runner.run_once()
+    assert seen == [("host", True, 1)]
+    source.mode = "fail"
+    runner.run_once()  # a failure withdraws the series and marks the source down
+    assert len(seen) == 2 and not runner.up and stale[0] == 3
+
+
 def test_raising_source_is_counted_logged_withdrawn_and_recovers(caplog) -> None:  # type: ignore[no-untyped-def]
     store = Store()
     source = Scripted("host")

@@ -138,13 +138,16 @@ class SourceRunner:
         self.last_duration = time.monotonic() - started
         self.collections += 1
         self.completed.set()
+        self._health_changed()
+
+    def _health_changed(self) -> None:
         try:
             self._on_done()
         except Exception:
             log.exception("source %s: updating self-metrics failed", self.name)
 
     def _succeed(self, batch: Batch) -> None:
-        self._publish(self.name, batch)
+        # health before the batch: a scrape that finds the batch's series finds the source up with them
         for reason in batch.errors:
             self.errors[reason] += 1
         if not self.up and self._last_reason is not None:
@@ -152,6 +155,8 @@ class SourceRunner:
         self.up = True
         self._last_reason = None
         self.last_success = self._clock()
+        self._health_changed()
+        self._publish(self.name, batch)
 
     def _adapt(self, batch: Batch, taken: float) -> None:
         before = self.cadence.interval
