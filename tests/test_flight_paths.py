@@ -173,7 +173,7 @@ def test_flight_dir_replaced_by_a_symlink_is_refused_by_the_daemon(tmp_path: Pat
     # the control, and the way to allow it: with flight.follow_dir_symlink the link is read
     with live_server(quick_config(flight={"dir": str(flight), "follow_dir_symlink": True})) as live:
         live.metrics_when("goodput_collective_group_info", 1, workload="job", rank="0", pg="0", desc=marker)
-        # source_up is the exporter's own metric, published after the collection's batch: a scrape can fall between
+        # waited for, not read once: a collection can fall between one scrape's self-metrics refresh and its render
         live.metrics_when("goodput_exporter_source_up", 1, source="flight")
 
 
