@@ -195,6 +195,8 @@ NOT_EXERCISED: dict[str, str] = {
     "GoodputCollectiveHang{severity=critical}": "the hour's hang has a rank missing from it (rank 5), which pages as "
     "GoodputCollectiveRankMissing instead; a hang every rank joined is tested by promtool "
     "(rules/tests/alerts.test.yml)",
+    "workload:goodput_gpu_peak_flops:sum{dtype=fp4}": "the hour's GPUs are H100s, which have no FP4 peak (Blackwell "
+    "is the first); its rule is the other data types' join with another dtype",
 }
 
 

@@ -173,6 +173,29 @@ def _level(s: RulesSettings, level: str) -> list[Rule]:
     return rules
 
 
+PCIE_DEGRADED = "gpu:goodput_gpu_pcie_link_degraded"
+
+
+def _pcie(s: RulesSettings) -> list[list[Rule]]:
+    """The GPUs whose PCIe link runs below what the GPU and its slot allow, by what is degraded (width, generation),
+    valued at what the link runs at; GoodputGPUPCIeLinkDegraded and the node count read them. Two groups (each reads
+    two or three series of every GPU; together, and twice, they took up to 0.9 s at 10,000 GPUs). Width: never below
+    its maximum on a healthy link. Generation: many boards drop it while idle to save power, so it counts only on a
+    GPU busy most of the window; and a healthy link reaches its maximum at some point while busy, so the highest
+    generation seen over the window is what is compared."""
+    w = s.windows[0]
+    busy = f"gpu:goodput_gpu_idle_ratio:rate{w} < {1 - s.pcie_degraded_busy_ratio:g}"
+    return [
+        [{"record": PCIE_DEGRADED,
+          "expr": f"max_over_time(goodput_gpu_pcie_link_width[{w}]) < goodput_gpu_pcie_link_max_width",
+          "labels": {"degraded": "width"}}],
+        [{"record": PCIE_DEGRADED,
+          "expr": f"max_over_time(goodput_gpu_pcie_link_generation[{w}]) < goodput_gpu_pcie_link_max_generation\n"
+                  f"and {busy}",
+          "labels": {"degraded": "generation"}}],
+    ]
+
+
 def _node_health(s: RulesSettings) -> list[list[Rule]]:
     """The GPU health of each node as a few counts and rates, so that the cluster level (a dashboard, a global ruler
     over many clusters) reads a series a node instead of every GPU's. A count covers every GPU the node reports
@@ -183,7 +206,6 @@ def _node_health(s: RulesSettings) -> list[list[Rule]]:
     hard_limits = 'reason=~"power|thermal|board_limit|reliability"'
     reset_due = "|".join(f"goodput_gpu_{state}" for state in ("row_remap_pending", "row_remap_failure",
                                                                "retired_pages_pending"))
-    busy = f"gpu:goodput_gpu_idle_ratio:rate{w} < {1 - s.pcie_degraded_busy_ratio:g}"
     xid = {"record": "node:goodput_gpus_xid_last_hour:count",
            "expr": f"sum by ({by}) (goodput_gpu_last_xid_timestamp_seconds > bool (time() - 3600))"}
     ecc = {"record": f"node:goodput_gpu_ecc_uncorrected_errors:rate{w}",
@@ -194,10 +216,7 @@ def _node_health(s: RulesSettings) -> list[list[Rule]]:
     reset = {"record": "node:goodput_gpus_reset_required:count",
              "expr": f'sum by ({by}) (max by ({gpu}) ({{__name__=~"{reset_due}"}}) == bool 1)'}
     pcie = {"record": "node:goodput_gpus_pcie_degraded:count",
-            "expr": f"count by ({by}) (\n  max_over_time(goodput_gpu_pcie_link_width[{w}])"
-                    " < goodput_gpu_pcie_link_max_width\n"
-                    f"  or (\n    max_over_time(goodput_gpu_pcie_link_generation[{w}])"
-                    f" < goodput_gpu_pcie_link_max_generation\n    and {busy}\n  )\n)"}
+            "expr": f"count by ({by}) (group by ({gpu}) ({PCIE_DEGRADED}))"}
     lost = {"record": "node:goodput_gpus_lost:count", "expr": f"sum by ({by}) (goodput_gpu_up == bool 0)"}
     sources = {"record": "node:goodput_exporter_source_up:min", "expr": f"min by ({by}) (goodput_exporter_source_up)"}
     ports = {"record": "node:goodput_fabric_ports_not_active:count",
@@ -254,10 +273,12 @@ def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
 
 
 def _workload(s: RulesSettings) -> list[Rule]:
-    """Goodput and tokens per workload, from the phases goodput.workload_node records (one evaluation old)."""
+    """Goodput and tokens per workload, from the phases per node the goodput.workload_node groups record (as last
+    recorded: a sum of their records, not a second rate over the ranks' phase counters)."""
     c, w = s.cluster_label, s.windows[0]
     phases = f"workload:goodput_phase_seconds:rate{w}"
     return [
+        {"record": phases, "expr": f"sum by ({c}, workload, phase) (workload_node:goodput_phase_seconds:rate{w})"},
         *_goodput(phases, w),
         {"record": f"workload:goodput_tokens:rate{w}",
          "expr": f"sum by ({c}, workload) (rate(goodput_tokens_total[{w}]))"},
@@ -307,14 +328,18 @@ def _straggler(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
+    by = f"{c}, {n}, workload, rank"
     return [
         # In synchronous training every rank's step lasts as long as the slowest one's (they all
         # meet in the all-reduce), so the straggler is found by its own time per step: every phase
         # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
-        # fall back to their step time.
+        # fall back to their step time. Every phase but comm_wait is the rank's elapsed time less
+        # its comm_wait (the daemon publishes the phases, untracked included, and their sum together):
+        # two series a rank rather than nine (reading the nine took 0.35 to 1.3 s at 10,000 GPUs).
         {"record": own,
-         "expr": f'sum by ({c}, {n}, workload, rank) (rate(goodput_phase_seconds_total{{phase!="comm_wait"}}[{w}]))\n'
-                 f"  / (sum by ({c}, {n}, workload, rank) (rate(goodput_steps_total[{w}])) > 0)\n"
+         "expr": f"(\n  sum by ({by}) (rate(goodput_elapsed_seconds_total[{w}]))\n"
+                 f'  - sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n)\n'
+                 f"  / (sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)\n"
                  f"or\n{step}"},
     ]
 
@@ -390,17 +415,16 @@ def _breakdown(s: RulesSettings) -> list[Rule]:
     ]
 
 
-def _peak_flops(s: RulesSettings) -> list[Rule]:
-    """The peak FLOPS of each workload's GPUs, per data type. One join per data type: a GPU has a peak per type and
-    may be held by several workloads, and PromQL joins no many to many."""
+def _peak_flops(s: RulesSettings) -> list[list[Rule]]:
+    """The peak FLOPS of each workload's GPUs, per data type: one join, and one group, per data type (a GPU has a peak
+    per type and may be held by several workloads, and PromQL joins no many to many; the six joins in one group took
+    0.5 to 0.65 s at 10,000 GPUs)."""
     c, n = s.cluster_label, s.node_label
-    return [
-        {"record": "workload:goodput_gpu_peak_flops:sum",
-         "expr": "\nor\n".join(
-             f"label_replace(\n  sum by ({c}, workload) (\n    {held(s)}\n    * on ({c}, {n}, uuid) group_left ()\n"
-             f'    goodput_gpu_peak_flops{{dtype="{dtype}"}}\n  ),\n  "dtype", "{dtype}", "", ""\n)'
-             for dtype in FLOPS_DTYPES)},
-    ]
+    return [[{"record": "workload:goodput_gpu_peak_flops:sum",
+              "expr": f"sum by ({c}, workload) (\n  {held(s)}\n  * on ({c}, {n}, uuid) group_left ()\n"
+                      f'  goodput_gpu_peak_flops{{dtype="{dtype}"}}\n)',
+              "labels": {"dtype": dtype}}]
+            for dtype in FLOPS_DTYPES]
 
 
 def _mfu(s: RulesSettings) -> list[Rule]:
@@ -627,26 +651,31 @@ def _fabric_cluster(s: RulesSettings) -> list[Rule]:
     ]
 
 
+# the phases of a rank's training loop, one rule each, and the rest (checkpoints, compile, startup, eval, other, any
+# phase an older or newer daemon names) in one rule, in two groups: one rate over every phase counter of 6,400 ranks
+# took 0.8 to 1.1 s on Prometheus at 10,000 GPUs
+LOOP_PHASES = ("compute", "data_wait", "comm_wait", "untracked")
+
+
 def _workload_node(s: RulesSettings) -> list[list[Rule]]:
-    """Each workload's ranks' time per phase, per node and in all; where each workload runs; how much of its time
-    on each node goes to comm_wait. Three groups (four rules in one took 1.2 s once on vmalert at 10,000 GPUs)."""
+    """Each workload's ranks' time per phase per node, in two groups (the loop's phases and the rest: every phase in
+    exactly one rule); where each workload runs; how much of its time on each node goes to comm_wait."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     phases = f"workload_node:goodput_phase_seconds:rate{w}"
     comm_wait = f'{phases}{{phase="comm_wait"}}'
-    where = [
-        {"record": phases,
-         "expr": f"sum by ({c}, {n}, workload, phase) (rate(goodput_phase_seconds_total[{w}]))"},
-        # the workload's, summed from its nodes' instead of a rate of its own over the ranks' phase counters (that
-        # second rate over them took 0.8 s at 10,000 GPUs; the straggler's own time is the only other one)
-        {"record": f"workload:goodput_phase_seconds:rate{w}",
-         "expr": f"sum by ({c}, workload, phase) ({phases})"},
-    ]
+
+    def rate(matcher: str, by: str) -> str:
+        return f"sum by ({c}, {n}, workload{by}) (rate(goodput_phase_seconds_total{{phase{matcher}}}[{w}]))"
+
+    loop = [{"record": phases, "expr": rate(f'="{phase}"', ""), "labels": {"phase": phase}} for phase in LOOP_PHASES]
+    rest = [{"record": phases, "expr": rate(f'!~"{"|".join(LOOP_PHASES)}"', ", phase")}]
+
     # the nodes of each workload: where a process of it holds a GPU, or where its ranks spend time in phases (a
     # rank gone keeps its accounting published for a while, at rate 0)
     info = [{"record": "workload:goodput_node:info",
              "expr": f"group by ({c}, {n}, workload) (goodput_gpu_workload_info)\n"
                      f"or\ngroup by ({c}, {n}, workload) ({phases} > 0)"}]
-    return [where, info, [
+    return [loop, rest, info, [
         {"record": f"workload_node:goodput_comm_wait_ratio:rate{w}",
          "expr": f"sum without (phase) ({comm_wait})\n  / (sum without (phase) ({phases}) > 0)"},
         # every workload's ranks on the node together: what GoodputFabricCongestion asks of a node
@@ -690,6 +719,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.gpu_memory", "rules": _gpu_memory(s)},
         {"name": "goodput.node", "rules": _level(s, "node")},
         {"name": "goodput.cluster", "rules": _level(s, "cluster")},
+        *_groups(("goodput.gpu_pcie_width", "goodput.gpu_pcie_generation"), _pcie(s)),
         *_groups(tuple(f"goodput.node_health{part}" for part in ("", "_memory", "_throttled", "_pcie", "_nvlink")),
                  _node_health(s)),
         {"name": "goodput.workload", "rules": _workload(s)},
@@ -706,7 +736,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.fabric", "rules": _fabric(s)},
         {"name": "goodput.fabric_link", "rules": _fabric_link(s)},
         {"name": "goodput.fabric_cluster", "rules": _fabric_cluster(s)},
-        *_groups(("goodput.workload_node", "goodput.workload_node_info", "goodput.workload_node_comm_wait"),
+        *_groups(("goodput.workload_node", "goodput.workload_node_other", "goodput.workload_node_info",
+                  "goodput.workload_node_comm_wait"),
                  _workload_node(s)),
         {"name": "goodput.workload_fabric", "rules": _workload_fabric(s)},
         # the wall-time breakdown reads the phases (goodput.workload_node) and the accounting; MFU the peaks (slow)
@@ -714,7 +745,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.breakdown", "rules": _breakdown(s)},
         {"name": "goodput.mfu", "rules": _mfu(s)},
         {"name": "goodput.energy", "rules": _energy(s)},
-        {"name": "goodput.peak_flops", "interval": s.slow_groups_interval, "rules": _peak_flops(s)},
+        *_groups(tuple(f"goodput.peak_flops.{dtype}" for dtype in FLOPS_DTYPES), _peak_flops(s),
+                 s.slow_groups_interval),
         {"name": "goodput.accounting_totals", "interval": s.slow_groups_interval, "rules": _accounting_totals(s)},
     ]
     # the class reads the averages (one evaluation old), the shares the class

@@ -5,6 +5,7 @@ Group `goodput.alerts.gpu_health`; throttling, PCIe and NVLink each in a part of
 
 from __future__ import annotations
 
+from ..recording import PCIE_DEGRADED
 from ..settings import RulesSettings
 from .alert import Alert
 
@@ -54,18 +55,9 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} was throttled by "
             f"power, thermal, board or reliability limits {pct} of the time.", part="throttled"),
         Alert(
-            # Width: never below its maximum on a healthy link. Generation: many boards drop it while idle to save
-            # power, so it counts only on a GPU busy most of the window; and a healthy link reaches its maximum at
-            # some point while busy, so the highest generation seen over the window is what is compared.
+            # the degraded links goodput.gpu_pcie_width and goodput.gpu_pcie_generation record (what counts: there)
             "GoodputGPUPCIeLinkDegraded", "gpu-pcie-link-degraded.md", "warning",
-            because(f"max_over_time(goodput_gpu_pcie_link_width[{short}]) < goodput_gpu_pcie_link_max_width",
-                    "degraded", "width")
-            + "\nor\n"
-            + because(f"(\n  max_over_time(goodput_gpu_pcie_link_generation[{short}])"
-                      " < goodput_gpu_pcie_link_max_generation\n"
-                      f"  and gpu:goodput_gpu_idle_ratio:rate{short} < {1 - s.pcie_degraded_busy_ratio:g}\n)",
-                      "degraded", "generation"),
-            s.pcie_degraded_for,
+            PCIE_DEGRADED, s.pcie_degraded_for,
             "A GPU's PCIe link runs below what the GPU and its slot allow.",
             f"The PCIe link {{{{ $labels.degraded }}}} of {gpu} is {{{{ $value }}}}, below what the GPU and its slot "
             "allow: host-device copies run slower.", part="pcie"),
