@@ -77,6 +77,7 @@ KNOWN: dict[str, Known] = {
     "gpu:goodput_gpu_idle_ratio:rate5m": Known(("rate",), 1.0, 662, 0, 0),
     "gpu:goodput_gpu_idle_while_allocated_ratio:rate1h": Known(("rate",), 0.056, 140, 0, 0),
     "gpu:goodput_gpu_idle_while_allocated_ratio:rate5m": Known(("rate",), 1.0, 662, 0, 0),
+    "gpu:goodput_gpu_throttled_ratio:rate5m": Known(("rate", "rate-presence"), 0.828, 100, 0, 8),
     "interface:goodput_fabric_interface_utilization_ratio:rate5m": Known(("rate",), 0.828, 164, 0, 0),
     "link:goodput_fabric_congestion_ratio:rate5m": Known(("rate",), 0.999, 71, 0, 0),
     "link:goodput_fabric_link_errors:rate5m": Known(("rate", "rate-presence"), 0.854, 69, 0, 5),
@@ -197,6 +198,8 @@ NOT_EXERCISED: dict[str, str] = {
     "(rules/tests/alerts.test.yml)",
     "workload:goodput_gpu_peak_flops:sum{dtype=fp4}": "the hour's GPUs are H100s, which have no FP4 peak (Blackwell "
     "is the first); its rule is the other data types' join with another dtype",
+    "workload_node:goodput_phase_seconds:rate5m": "the rule for phase names the rules do not know (an older daemon's "
+    "`checkpoint`): the hour's daemon sends none (rules/tests/recording.test.yml has one)",
 }
 
 

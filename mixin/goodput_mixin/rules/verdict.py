@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .recording import COLLECTIVE_MISSING, Group, Rule, held
+from .recording import COLLECTIVE_MISSING, Group, Rule, held, throttled
 from .settings import RulesSettings
 
 # The walk: (layer, reason), first match wins. A candidate's value is its place here (1-based); healthy comes last.
@@ -148,7 +148,6 @@ def checks(s: RulesSettings) -> tuple[Check, ...]:
     recent = s.bottleneck_gpu_recent_window
     xids = "|".join(str(x) for x in sorted(set(s.critical_xids)))
     xid = f'goodput_gpu_xid_errors_total{{xid=~"{xids}"}}'
-    limits = 'reason=~"power|thermal|board_limit|reliability"'
     used = "goodput_gpu_memory_used_bytes / (goodput_gpu_memory_total_bytes > 0)"
     badput = f"workload:goodput_badput_ratio:rate{w}"
 
@@ -200,8 +199,7 @@ def checks(s: RulesSettings) -> tuple[Check, ...]:
                expr=xid_count(w)),
         _check("gpu_throttled", "gpu", "GoodputGPUThrottled",
                Term("share of time throttled (power, thermal, board, reliability)", "gpu",
-                    f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total{{{limits}}}[{w}]))", ">",
-                    s.throttle_ratio)),
+                    throttled(s), ">", s.throttle_ratio)),
         _check("rank_missing", "workload", "GoodputCollectiveRankMissing",
                Term("a rank missing from a collective", "workload", COLLECTIVE_MISSING, "==", 1,
                     absent_is_zero=True)),

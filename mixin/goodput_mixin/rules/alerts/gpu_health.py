@@ -5,7 +5,7 @@ Group `goodput.alerts.gpu_health`; throttling, PCIe and NVLink each in a part of
 
 from __future__ import annotations
 
-from ..recording import PCIE_DEGRADED
+from ..recording import PCIE_DEGRADED, throttled
 from ..settings import RulesSettings
 from .alert import Alert
 
@@ -48,8 +48,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             "row_remap_failure)."),
         Alert(
             "GoodputGPUThrottled", "gpu-throttled.md", "warning",
-            f"sum without (reason) (rate(goodput_gpu_clock_throttle_seconds_total"
-            f'{{reason=~"power|thermal|board_limit|reliability"}}[{short}])) > {s.throttle_ratio}',
+            f"{throttled(s)} > {s.throttle_ratio}",
             s.throttle_for,
             "A GPU's clocks are held down.",
             f"GPU {{{{ $labels.gpu }}}} ({{{{ $labels.uuid }}}}) on {{{{ $labels.{node} }}}} was throttled by "
