@@ -214,7 +214,8 @@ def _node_health(s: RulesSettings) -> list[list[Rule]]:
     """The GPU health of each node as a few counts and rates, so that the cluster level (a dashboard, a global ruler
     over many clusters) reads a series a node instead of every GPU's. A count covers every GPU the node reports
     (0 when none is affected), but the PCIe one, which only counts the degraded GPUs. Five groups: each count that
-    reads several series of every GPU has its own (eleven in one group took 2.3 s at 10,000 GPUs)."""
+    reads several series of every GPU, or a record of every GPU (throttled, PCIe), has its own (eleven in one group
+    took 2.3 s at 10,000 GPUs)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     by, gpu = f"{c}, {n}", f"{c}, {n}, uuid"
     reset_due = "|".join(f"goodput_gpu_{state}" for state in ("row_remap_pending", "row_remap_failure",

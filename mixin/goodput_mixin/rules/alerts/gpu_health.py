@@ -1,7 +1,8 @@
 """Alerts on a broken or degraded GPU: critical XIDs, uncorrectable ECC errors, a reset due (row remap or page
 retirement pending), throttling, a PCIe link trained below its maximum, NVLink errors.
 Group `goodput.alerts.gpu_health`; throttling, PCIe and NVLink each in a part of their own (`_throttled`, `_pcie`,
-`_nvlink`): each reads several series of every GPU."""
+`_nvlink`): NVLink's reads several series of every GPU; throttling and PCIe read a record of every GPU
+(goodput.gpu_throttled, goodput.gpu_pcie_*), which reading those series once per GPU made cheap."""
 
 from __future__ import annotations
 
