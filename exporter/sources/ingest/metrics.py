@@ -64,6 +64,12 @@ STEP_SHIFTS = _m(
     "Lasting shifts of the rank's step duration found by its change detector, by direction (up: slower, down: "
     "faster). A shift on one rank of a job is a new straggler; on every rank, a job-wide regression.",
     (*WR, "direction"))
+RANK_ROLE = _m(
+    "goodput_rank_role_info", Kind.INFO, "",
+    "The rank's role in its job's parallelism, where the job or its probes know it: pipeline_stage (0 for the "
+    "first stage; 0 without pipeline parallelism) and data_parallel_rank (its replica's index). The straggler rules "
+    "compare a rank with the ranks of its own stage. Absent when the job reported no role; value is always 1.",
+    (*WR, "pipeline_stage", "data_parallel_rank"))
 RESTARTS = _m(
     "goodput_workload_restarts_total", Kind.COUNTER, "", "Restarts the job reported.", WR)
 LAST_EVENT = _m(
