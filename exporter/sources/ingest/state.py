@@ -21,7 +21,7 @@ from ...core.exposition import Batch
 from . import metrics as c
 from .accounting import Account, Figures
 from .changepoint import StepTimeDetector
-from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
+from .models import LifecycleEvent, PhaseEvent, RequestEvent, RoleEvent, StepEvent
 from .peer import ROOT_UID, Sender, start_time
 from .settings import IngestConfig
 from .statefile import ERROR_REASONS, StateFile
@@ -67,6 +67,7 @@ class _Rank:
     detector: StepTimeDetector  # its step time's normal level and lasting shifts (their count: in the account)
     last_event: float = 0.0
     ended_at: float | None = None
+    role: tuple[str, str] | None = None  # (pipeline stage, data-parallel rank), as the rank last reported them
 
 
 SHIFT_DIRECTIONS = {1: "up", -1: "down"}
@@ -258,7 +259,7 @@ class IngestState:
                 else f"uid {sender.uid} already has"
             raise Rejected("uid_cap", f"{who} {problem} on this node", 429)
 
-    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent],
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | RequestEvent],
               peer_pid: int | None = None, sender: Sender | None = None) -> None:
         """Apply every event or none (another's workload, over a cap: Rejected, and nothing changed). `peer_pid`,
         the sending process as the kernel names it, is remembered as declaring its events' identity (a
@@ -317,6 +318,8 @@ class IngestState:
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
+                elif isinstance(event, RoleEvent):
+                    rank.role = (str(event.pipeline_stage), str(event.data_parallel_rank))
                 elif event.event == "end":
                     rank.ended_at = now
                     rank.account.touch(now, event.elapsed_seconds)
@@ -558,6 +561,8 @@ class IngestState:
                 batch.add(c.SAMPLES, key, figures.samples)
                 self._render(batch, key, figures)
                 batch.add(c.RESTARTS, key, figures.restarts)
+                if rank.role is not None:
+                    batch.add(c.RANK_ROLE, (*key, *rank.role), 1)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
             for key, account in sorted(self._dormant.items()):  # a restart's jump stays within a rate's reach
                 self._render(batch, key, self._figures(key, account))
