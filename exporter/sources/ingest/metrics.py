@@ -140,7 +140,8 @@ STATE_WITHHELD = _m(
     "Ranks whose counters are withheld from /metrics because nothing of their account could be saved under "
     "ingest.state_dir yet (a full or unwritable disk: goodput_ingest_state_errors_total{reason=\"unwritable\"}). "
     "Their gauges (step number, step time, last event) are still shown; their counters appear from their first "
-    "save on, so that no counter a scrape saw can go down after a daemon restart. 0 when none is.", ())
+    "save on, so that no counter a scrape saw can go down after a daemon restart. 0 when none is; absent without "
+    "ingest.state_dir.", ())
 
 # --- captures: what the daemon asked the ranks for, and what they wrote (ingest.capture_dir) ---
 CAPTURES = _m(
