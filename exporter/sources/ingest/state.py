@@ -394,8 +394,7 @@ class IngestState:
         collected, and once more at shutdown): the changed accounts into its journal, or a whole snapshot when the
         journal is used up. The accounts saved show their figures as of now; when the write fails they go on showing
         what was saved before, or no counter at all if nothing of them was ever saved (and the write is tried again
-        at the next save). `whole`: a snapshot of everything
-        (at shutdown), unless the disk has no room for one."""
+        at the next save). `whole`: a snapshot of everything (at shutdown), unless the disk has no room for one."""
         if self.state_file is None:
             return
         with self._save_lock:
@@ -612,7 +611,7 @@ class IngestState:
                         "published from its first save on, so that a restart cannot show less than a scrape saw",
                         withheld, self.state_file.path.parent)
         elif not withheld and self._withheld_logged:
-            log.info("ingest: no rank's counters are withheld any more: all are saved to %s",
+            log.info("ingest: no rank's counters are withheld any more (those of every rank shown are saved to %s)",
                      self.state_file.path.parent)
         self._withheld_logged = withheld
 
