@@ -366,3 +366,51 @@ def test_vllm_under_ray_serve_gives_every_series_a_direct_scrape_gives(rules: li
                       "eval_time": EVAL, "exp_samples": [{"labels": "{}", "value": 0}]})
     _check(rules, tmp_path, {"input_series": input_series(direct, target) + input_series(ray, ray_target),
                       "promql_expr_test": exprs})
+
+
+# --- SGLang under prometheus_client's multiprocess mode (issue 43, item 4) ----------------------------------------
+
+MULTIPROCESS = "sglang_v0.5-early_2025-09-30_aibrix-issue1614.prom"
+
+
+def _scheduler_rows() -> list[dict[str, str]]:
+    """The scheduler label sets of the real 8-rank scrape (one per DP rank, each with its process's `pid`), read off
+    its num_retracted_reqs and num_paused_reqs rows: those two families carry every rank between them."""
+    rows: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families((CORPUS / MULTIPROCESS).read_text()):
+        for sample in family.samples:
+            if "pid" in sample.labels:
+                rows[sample.labels["dp_rank"]] = dict(sample.labels)
+    return [rows[rank] for rank in sorted(rows, key=int)]
+
+
+def test_sglang_scheduler_gauges_of_the_multiprocess_scrape_count_each_batch_once(rules: list[str],
+                                                                                   tmp_path: Path) -> None:
+    """The real scrape's scheduler label sets (8 DP ranks, DP attention: dp_rank = tp_rank, each its own process
+    `pid`) on the running and waiting gauges, which its excerpt does not show: DP rank r runs r + 1 requests and queues
+    2. First as the scrape is (one reporting scheduler per DP rank): the server runs 1 + ... + 8 = 36 and queues 16,
+    one series without pid. Then the same processes with --enable-metrics-for-all-schedulers and two tensor-parallel
+    ranks per DP rank (dp_rank = tp_rank // 2, 4 DP ranks: each pair reports the batch it shares, 2r + 1 and 2r + 2
+    are the pair's tp ranks): every DP rank counted once, not once per rank and process."""
+    rows = _scheduler_rows()
+    assert len(rows) == 8 and len({row["pid"] for row in rows}) == 8, rows
+    target = {"cluster": "c1", "job": "sglang", "instance": "10.0.4.1:30000", "namespace": "serve",
+              "pod": "deepseek-r1-decode-0"}
+    server = {**target, "model": "deepseek-r1", "engine": "sglang"}
+    running, waiting = "server:goodput_inference_requests_running:sum", "server:goodput_inference_requests_waiting:sum"
+
+    def case(labels: list[dict[str, str]], running_of: list[int], total_running: int, total_waiting: int) -> None:
+        series = [s for row, n in zip(labels, running_of, strict=True)
+                  for s in (_series("sglang:num_running_reqs", {**row, **target}, n, gauge=True),
+                            _series("sglang:num_queue_reqs", {**row, **target}, 2, gauge=True))]
+        _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+            {"expr": running, "eval_time": EVAL, "exp_samples": [_exp(running, server, total_running)]},
+            {"expr": waiting, "eval_time": EVAL, "exp_samples": [_exp(waiting, server, total_waiting)]},
+            {"expr": "workload:goodput_inference_requests_running:sum", "eval_time": EVAL, "exp_samples": [
+                _exp("workload:goodput_inference_requests_running:sum",
+                     {"cluster": "c1", "namespace": "serve", "model": "deepseek-r1", "engine": "sglang"},
+                     total_running)]}]})
+
+    case(rows, [int(row["dp_rank"]) + 1 for row in rows], 36, 16)
+    paired = [{**row, "dp_rank": str(int(row["tp_rank"]) // 2)} for row in rows]
+    case(paired, [int(row["dp_rank"]) + 1 for row in paired], 1 + 2 + 3 + 4, 4 * 2)
