@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT, promtool
+from goodput_mixin.rules.render import rule_files
+from goodput_mixin.rules.settings import RulesSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 CORPUS = ROOT / "tests" / "serving_corpus"
@@ -414,3 +416,72 @@ def test_sglang_scheduler_gauges_of_the_multiprocess_scrape_count_each_batch_onc
     case(rows, [int(row["dp_rank"]) + 1 for row in rows], 36, 16)
     paired = [{**row, "dp_rank": str(int(row["tp_rank"]) // 2)} for row in rows]
     case(paired, [int(row["dp_rank"]) + 1 for row in paired], 1 + 2 + 3 + 4, 4 * 2)
+
+
+# --- objectives an engine cannot judge (issue 43, item 3) ---------------------------------------------------------
+
+UNJUDGED_SETTINGS = ("inference_slo_overrides:\n  - {engine: tgi, unjudged: [ttft]}\n"
+                     "  - {engine: triton, unjudged: [tpot]}\n")
+
+
+def _rendered(tmp_path: Path, settings: str) -> list[str]:
+    """The inference groups of the rules rendered with `settings` (as the `rules` fixture takes the shipped ones)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    files = rule_files(RulesSettings.model_validate(yaml.safe_load(settings)))
+    out = []
+    for name in ("goodput-recording.rules.yml", "goodput-alerts.rules.yml"):
+        groups = [g for g in yaml.safe_load(files[name])["groups"]
+                  if g["name"].startswith(("goodput.inference", "goodput.alerts.inference"))]
+        (tmp_path / name).write_text(yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000))
+        out.append(str(tmp_path / name))
+    return out
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["shipped", "unjudged-declared"])
+def test_an_objective_the_engine_cannot_judge_pages_only_where_a_judgement_was_expected(
+        rules: list[str], tmp_path: Path, declared: bool) -> None:
+    """TGI (no time-to-first-token histogram) and Triton (no per-request time per output token), two pods each,
+    60 requests a minute. mistral-0 and trt-0 meet their judged objective 45 times a minute; slow-0 and stuck-0 never
+    (their threshold buckets stay 0). Shipped, GoodputInferenceSLOUnmeasured fires for all four, on the objective
+    nothing judges; with `unjudged` declared for those engines it fires for none. Either way SLO goodput is absent
+    where the unjudged objective could have been met (mistral, trt) and 0 where the judged one was met by no request
+    (slow, stuck): none of those requests met both."""
+    if declared:
+        rules = _rendered(tmp_path / "rendered", UNJUDGED_SETTINGS)
+    tpot = "tgi_request_mean_time_per_token_duration"
+    first = "nv_inference_first_response_histogram_ms"
+    series = []
+    for pod, met in (("mistral-0", 45), ("slow-0", 0)):
+        tgi = {"cluster": "c1", "job": "tgi", "instance": f"10.0.6.{met}:80", "namespace": "serve", "pod": pod}
+        series += [_series("tgi_request_success", tgi, 60), _series(f"{tpot}_count", tgi, 60),
+                   _series(f"{tpot}_bucket", {**tgi, "le": "0.09852612533569335"}, met),
+                   _series(f"{tpot}_bucket", {**tgi, "le": "+Inf"}, 60)]
+    for pod, met in (("trt-0", 45), ("stuck-0", 0)):
+        trt = {"cluster": "c1", "job": "triton", "instance": f"10.0.7.{met}:8002", "namespace": "serve", "pod": pod,
+               "model": "ensemble", "version": "1"}
+        series += [_series("nv_inference_request_success", trt, 60), _series(f"{first}_count", trt, 60),
+                   _series(f"{first}_bucket", {**trt, "le": "1000"}, met),
+                   _series(f"{first}_bucket", {**trt, "le": "+Inf"}, 60)]
+    base = {"cluster": "c1", "namespace": "serve"}
+    models = {"mistral": {**base, "model": "mistral", "engine": "tgi"},
+              "slow": {**base, "model": "slow", "engine": "tgi"},
+              "trt": {**base, "workload": "trt", "model": "ensemble", "engine": "triton"},
+              "stuck": {**base, "workload": "stuck", "model": "ensemble", "engine": "triton"}}
+    unjudged = {"mistral": "ttft", "slow": "ttft", "trt": "tpot", "stuck": "tpot"}
+    goodput = "workload:goodput_inference_slo_goodput:rate5m"
+    lower = "workload:goodput_inference_slo_joint_attainment_ratio:rate5m"
+    alerts = [] if declared else [
+        {"exp_labels": {"severity": "warning", **labels, "objective": unjudged[name]},
+         "exp_annotations": _annotations("GoodputInferenceSLOUnmeasured", {**labels, "objective": unjudged[name]})}
+        for name, labels in models.items()]
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": goodput, "eval_time": EVAL,
+         "exp_samples": [_exp(goodput, models["slow"], 0), _exp(goodput, models["stuck"], 0)]},
+        {"expr": f'{lower}{{bound="lower"}}', "eval_time": EVAL,
+         "exp_samples": [_exp(lower, {**models["slow"], "bound": "lower"}, 0),
+                         _exp(lower, {**models["stuck"], "bound": "lower"}, 0)]},
+        # the records that say so are the same either way: the setting only keeps the alert quiet
+        {"expr": "workload:goodput_inference_slo_unjudged_requests:rate5m", "eval_time": EVAL, "exp_samples": [
+            _exp("workload:goodput_inference_slo_unjudged_requests:rate5m", {**labels, "objective": unjudged[name]},
+                 1) for name, labels in models.items()]}],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "GoodputInferenceSLOUnmeasured", "exp_alerts": alerts}]})

@@ -18,13 +18,15 @@ threshold that it has, among those the engines have used and Prometheus' default
 is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
 first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
 unjudged, the "unmeasured" alert fires, and the model has no lower bound of the joint figure nor SLO goodput (the
-upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages). Two histograms do
-not say how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and
-min(a, b), and exactly where the client path counted it. SLO goodput counts the requests known to have met both
-(the client path's count, else the judged requests times the lower bound), never more than the finished requests
-less the aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else
-1 - the upper bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its
-first token) counts in neither: no engine observes a time to first token for it.
+upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages), unless a judged
+objective was met by no request: then none met both, and the lower bound and SLO goodput are 0. Where an engine is
+known not to judge an objective (the settings' `unjudged`), the alert stays silent; the figures do not change.
+Two histograms do not say how many requests met both objectives: the joint attainment is recorded as its bounds,
+max(0, a+b-1) and min(a, b), and exactly where the client path counted it. SLO goodput counts the requests known to
+have met both (the client path's count, else the judged requests times the lower bound), never more than the
+finished requests less the aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact
+figure, else 1 - the upper bound), so neither flatters nor guesses. A request that ends before it is judged (aborted
+before its first token) counts in neither: no engine observes a time to first token for it.
 
 Requests are finished requests by a normalized reason (stop, length, abort, error) where the engine tells one, none
 where it does not; a served model without a model label is named for its pod's owner (Deployment, StatefulSet), and
@@ -429,9 +431,14 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
     # still see a model that misses the objective it can judge.
     unknown = (f"(\n  ({judged} unless {met})\n  or\n  workload:goodput_inference_slo_unjudged_requests:rate{w}\n)")
 
+    # ... except where a judged objective was met by no request: then none met both, whatever the other objective
+    # (judged or not), and the lower bound is 0, exact (SLO goodput with it)
+    none_met = (f'max without (objective) (\n  workload:goodput_inference_slo_met_requests:rate{window}'
+                f'{{objective=~"ttft|tpot"}} == 0\n  and\n  {judged} > 0\n)')
+
     def bound_(expr: str, name: str) -> Rule:
         if name == "lower":
-            expr = f"(\n{expr}\n) unless on ({keys}) {unknown}"
+            expr = f"{none_met}\nor\n(\n{expr}\n) unless on ({keys}) {unknown}"  # `or` binds last
         return {"record": joint, "expr": expr, "labels": {"bound": name}}
 
     rules += [
