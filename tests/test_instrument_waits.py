@@ -6,9 +6,10 @@ work, so the rest of each step is its wait for its peers.
 
 For each: the waiting ranks' comm_wait within 10% of the wait the job measured, the slow rank's own time per step
 (everything but comm_wait and untracked, as the straggler rule reads it) at least twice the median rank's and every
-other rank's at most 1.2 times; the same jobs healthy: every rank within 1.2. The hooks change nothing the job
-computes: its losses and final parameters are bit for bit those of the same job run without goodput-instrument, and
-the DDP job's own communication hook still runs. Each job runs once, in one module fixture."""
+other rank's at most 1.2 times; the same DDP jobs healthy (plain, and a Hugging Face Trainer's): every rank within
+1.2. The hooks change nothing the job computes: its losses and final parameters are bit for bit those of the same
+job run without goodput-instrument, and the DDP job's own communication hook still runs. Each job runs once, in one
+module fixture."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ if TYPE_CHECKING:
 JOB = ROOT / "tests" / "instrument_jobs" / "straggler_jobs.py"
 DEV_BIN = Path(sys.executable).parent  # torch, transformers, accelerate, lightning and the editable client
 RANKS = 4
-STEPS = 24
+STEPS = 16
 SLOW = 3  # the slow rank (on the pipeline: stage 1 of the second replica)
 FRAMEWORKS = ("ddp", "fsdp2", "hf", "lightning")
+HEALTHY = ("ddp", "hf")  # the healthy runs: DDP itself, and through accelerate (the others' peers show the same)
 
 
 @dataclass
@@ -97,7 +99,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Run]]:
             bare = pool.submit(_job, top, None, sock, seen, f"{framework}-bare", framework, SLOW_RANK=str(SLOW))
             found[framework] = _job(top, live, sock, seen, framework, framework, SLOW_RANK=str(SLOW))
             found[f"{framework}-bare"] = bare.result()
-            found[f"{framework}-healthy"] = _job(top, live, sock, seen, f"{framework}-healthy", framework)
+            if framework in HEALTHY:
+                found[f"{framework}-healthy"] = _job(top, live, sock, seen, f"{framework}-healthy", framework)
         found["pipeline-stage"] = _job(top, live, sock, seen, "pipeline-stage", "pipeline", STAGE_FACTOR="2")
         found["pipeline"] = _job(top, live, sock, seen, "pipeline", "pipeline", SLOW_RANK=str(SLOW))
         yield found
@@ -117,10 +120,11 @@ def _own_per_step(run: Run, rank: int) -> float:
 
 
 def _ratios(run: Run, peers: dict[int, list[int]] | None = None) -> dict[int, float]:
-    """Each rank's own time per step over the median of its peers' (all ranks, or those of its pipeline stage)."""
+    """Each rank's own time per step over the median of its peers' (the other ranks, or the others of its pipeline
+    stage: of a stage of two replicas, the one other rank)."""
     own = {rank: _own_per_step(run, rank) for rank in range(RANKS)}
     groups = peers or {rank: list(range(RANKS)) for rank in range(RANKS)}
-    return {rank: own[rank] / statistics.median(own[peer] for peer in groups[rank]) for rank in own}
+    return {rank: own[rank] / statistics.median(own[peer] for peer in groups[rank] if peer != rank) for rank in own}
 
 
 def _waited(run: Run, rank: int) -> float:
@@ -150,7 +154,7 @@ def test_the_slow_rank_stands_out_and_nobody_else(runs: dict[str, Run], framewor
     assert all(ratio <= 1.2 for rank, ratio in ratios.items() if rank != SLOW), ratios
 
 
-@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("framework", HEALTHY)
 def test_healthy_jobs_have_no_straggler(runs: dict[str, Run], framework: str) -> None:
     ratios = _ratios(runs[f"{framework}-healthy"])
     assert all(ratio <= 1.2 for ratio in ratios.values()), ratios

@@ -212,13 +212,13 @@ class Regression(torch.nn.Module):
 def train_hf(rank: int, world: int) -> torch.nn.Module:
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    class Steps(TrainerCallback):
+    class Steps(TrainerCallback):  # the whole training loop: the Trainer's own collectives (its loss logging) too
         started = 0.0
 
-        def on_step_begin(self, args, state, control, **kwargs):
+        def on_train_begin(self, args, state, control, **kwargs):
             self.started = time.perf_counter()
 
-        def on_step_end(self, args, state, control, **kwargs):
+        def on_train_end(self, args, state, control, **kwargs):
             OWN["step_time"] += time.perf_counter() - self.started
 
     model = Regression(rank)
