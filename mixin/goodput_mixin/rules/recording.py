@@ -289,11 +289,17 @@ def staged(s: RulesSettings, own: str) -> str:
 def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
     """The typical own time per step of each stage (its ranks' median; ranks without a role: the workload's), and
     each rank's own time over its stage's: a pipeline's last stage, slower by construction, is compared with itself,
-    not with the faster stages (which would page all its ranks)."""
+    not with the faster stages (which would page all its ranks). Of a stage of two ranks (two replicas of a
+    pipeline, a 2-rank job) the typical is the faster one's: their median is their mean, against which a rank three
+    times slower than its peer reads only 1.5."""
     c = s.cluster_label
     typical = f"{OWN_STAGE}{w}"
+    by = f"{c}, workload, pipeline_stage"
+    ranks = staged(s, own)
     return [
-        {"record": typical, "expr": f"quantile by ({c}, workload, pipeline_stage) (0.5,\n  {staged(s, own)}\n)"},
+        {"record": typical,
+         "expr": f"(\n  quantile by ({by}) (0.5,\n  {ranks}\n  )\n  and on ({by})\n"
+                 f"  count by ({by}) (\n  {ranks}\n  ) > 2\n)\nor\nmin by ({by}) (\n  {ranks}\n)"},
         {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
          "expr": f"{staged(s, own)}\n/ on ({c}, workload, pipeline_stage) group_left ()\n  ({typical} > 0)"},
         {"record": f"workload:goodput_straggler_ratio:rate{w}",
