@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import goodput_client
 import pytest
-from conftest import ROOT, LiveServer, free_port, live_server, quick_config, value, wait_for
+from conftest import ROOT, LiveServer, free_port, live_server, quick_config, series, value, wait_for
 from goodput_client import contract
 from goodput_client.contract import (
     DEPRECATED_PHASES,
@@ -299,7 +299,8 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
     before = accepted(live)
     events = [lifecycle_event("contract", 0, "start"), lifecycle_event("contract", 0, "restart"),
               *(phase_event("contract", 0, phase, 0.25) for phase in PHASES),
-              *(step_event("contract", 0, 0.5, tokens=100, samples=2) for _ in range(3))]
+              *(step_event("contract", 0, 0.5, tokens=100, samples=2) for _ in range(3)),
+              contract.role_event("contract", 0, 1, 0), contract.role_event("contract", 0, 2, 3)]
     status, text = transport.post(EVENTS_PATH, encode(batch_body(events)))
     assert (status, json.loads(text)) == (200, {"accepted": len(events)})
     labels = {"workload": "contract", "rank": "0"}
@@ -310,9 +311,12 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
     assert value(metrics, "goodput_samples_total", **labels) == 6
     assert value(metrics, "goodput_step_duration_seconds_sum", **labels) == pytest.approx(1.5)
     assert value(metrics, "goodput_workload_restarts_total", **labels) == 1
+    # the last role the rank sent, one series
+    assert [(row["pipeline_stage"], row["data_parallel_rank"]) for row in series(metrics, "goodput_rank_role_info")
+            if row["workload"] == "contract"] == [("2", "3")]
     after = accepted(live)
     assert {kind: after[kind] - before[kind] for kind in EVENT_TYPES} == {
-        "step": 3, "phase": len(PHASES), "lifecycle": 2, "request": 0, "capture": 0}
+        "step": 3, "phase": len(PHASES), "lifecycle": 2, "role": 2, "request": 0, "capture": 0}
 
 
 LIMITS = "limits"
@@ -338,6 +342,8 @@ WITHIN_CONTRACT = {
     "the last rank": [step_event(LIMITS, MAX_RANK - 1, 1.0)],
     "the longest workload": [step_event("w" * 128, 0, 1.0)],
     "every workload character": [step_event("Az09_.:/-", 0, 1.0)],
+    "the role's limits": [contract.role_event(LIMITS, 10, 0, 0),
+                          contract.role_event(LIMITS, 10, contract.MAX_ROLE_INDEX - 1, contract.MAX_ROLE_INDEX - 1)],
 }
 BEYOND_CONTRACT = {
     "an unknown phase": [phase_event(LIMITS, 9, "lunch", 1.0)],
@@ -360,6 +366,9 @@ BEYOND_CONTRACT = {
                                              elapsed_seconds=math.nextafter(MAX_ELAPSED, math.inf))],
     "a negative resumed_from_step": [lifecycle_event(LIMITS, 9, "restart", resumed_from_step=-1)],
     "started_at 0": [lifecycle_event(LIMITS, 9, "start", started_at=0.0)],
+    "a negative pipeline stage": [contract.role_event(LIMITS, 9, -1, 0)],
+    "a role index at MAX_ROLE_INDEX": [contract.role_event(LIMITS, 9, 0, contract.MAX_ROLE_INDEX)],
+    "a role without its replica": [{"type": "role", "workload": LIMITS, "rank": 9, "pipeline_stage": 1}],
 }
 
 
@@ -392,3 +401,29 @@ def test_a_token_and_a_url_reach_the_daemons_tcp_listener(tmp_path: Path) -> Non
                           or 0) >= 1)
         assert value(live.metrics(), "goodput_steps_total", workload="tcp", rank="1") is None
     assert (good.sent, good.dropped, bad.sent, bad.dropped) == (3, 0, 0, 3)
+
+
+def test_a_rank_names_its_role_in_the_environment_or_by_a_call(daemon: tuple[LiveServer, Transport],
+                                                               monkeypatch: pytest.MonkeyPatch,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    live, transport = daemon
+    path = transport.socket_path
+    monkeypatch.setenv(contract.PIPELINE_STAGE_ENV, "3")
+    monkeypatch.setenv(contract.DATA_PARALLEL_RANK_ENV, "1")
+    from_env = quick_telemetry("roles", 0, socket_path=path)
+    monkeypatch.setenv(contract.PIPELINE_STAGE_ENV, "last")  # not a number: not sent, said once
+    unreadable = quick_telemetry("roles", 1, socket_path=path)
+    monkeypatch.delenv(contract.PIPELINE_STAGE_ENV)
+    called = quick_telemetry("roles", 2, socket_path=path)
+    called.role(1)
+    called.role(-1, 0)  # refused, the last good role kept
+    for telemetry in (from_env, unreadable, called):
+        telemetry.record_step(0.1)
+        telemetry.flush()
+    text = live.metrics_when("goodput_steps_total", 1, workload="roles", rank="2")
+    roles = {row["rank"]: (row["pipeline_stage"], row["data_parallel_rank"])
+             for row in series(text, "goodput_rank_role_info") if row["workload"] == "roles"}
+    assert roles == {"0": ("3", "1"), "2": ("1", "0")}
+    assert sum("role not sent" in record.getMessage() for record in caplog.records) == 2
+    for telemetry in (from_env, unreadable, called):
+        telemetry.close()

@@ -231,14 +231,27 @@ def test_a_corrupt_state_file_is_counted_set_aside_and_replaced(tmp_path: Path, 
     assert saved["version"] == 2 and [a["workload"] for a in saved["accounts"]] == [W]
 
 
-def test_an_unwritable_state_dir_is_counted_and_the_daemon_goes_on(tmp_path: Path) -> None:
+def test_an_unwritable_state_dir_is_counted_and_withholds_the_counters_until_their_first_save(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Nothing could ever be saved: the rank's counters are withheld (a restart would start them again from zero),
+    its gauges shown, the withholding counted and logged; the daemon goes on, and the first save publishes them."""
     blocker = tmp_path / "file"
     blocker.write_text("not a directory")
     ingest = state(blocker)
     send(ingest, start(START), phase("compute", 1.0, 1.0))
-    found = metrics(ingest)  # a collect saves first
+    with caplog.at_level(logging.INFO):
+        found = metrics(ingest)  # a collect saves first
     assert found[("goodput_ingest_state_errors_total", frozenset({"reason": "unwritable"}.items()))] == 1
+    assert found[("goodput_ingest_state_withheld_ranks", frozenset())] == 1
+    assert not [name for name, labels in found if name.endswith("_total") and ("workload", W) in labels]
+    assert of(found, "goodput_workload_last_event_timestamp_seconds") > 0
+    assert "withheld" in caplog.text
+    blocker.unlink()  # the next save can create the directory
+    with caplog.at_level(logging.INFO):
+        found = metrics(ingest)
+    assert found[("goodput_ingest_state_withheld_ranks", frozenset())] == 0
     assert of(found, "goodput_phase_seconds_total", phase="compute") == 1.0
+    assert "no rank's counters are withheld any more" in caplog.text
 
 
 def test_a_new_process_whose_start_was_lost_is_told_by_its_elapsed_time() -> None:

@@ -401,6 +401,60 @@ def test_d_kill_9_then_a_full_disk_and_kill_9_again_moves_no_counter_back(tmp_pa
         daemon.stop()
 
 
+def test_e_a_disk_full_from_the_start_withholds_the_counters_so_kill_9_moves_none_back(
+        tmp_path: Path, spawn_cli) -> None:  # type: ignore[no-untyped-def]
+    """The state directory's file system (a real 2 MiB tmpfs) is full before the daemon starts, so not one save
+    succeeds: a 2-rank job reports for a few seconds, every scrape is kept, the daemon is killed (SIGKILL), the disk
+    freed and the daemon started again. No counter series of the job is lower after the restart than in any scrape
+    before the kill: while nothing of an account could be saved, its counters were withheld (counted, logged), its
+    gauges shown; once the daemon can save, they are published."""
+    sock = socket_path()
+    with small_disk(tmp_path / "state", "2m") as disk:
+        disk.fill()
+        daemon = start_daemon(spawn_cli, sock, disk.path)
+        seen: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}  # each series' highest figure in any scrape
+        scrapes: list[str] = []
+
+        def scrape() -> str:
+            text = daemon.metrics()
+            scrapes.append(text)
+            for key, figure in rank_counters(text).items():
+                seen[key] = max(figure, seen.get(key, figure))
+            return text
+
+        def stepped(text: str, at_least: float) -> bool:
+            return all((value(text, "goodput_step_number", workload=KILLED, rank=r) or 0) >= at_least for r in "01")
+
+        with running_ranks(sock):
+            wait_for(lambda: stepped(scrape(), 100), timeout=30, interval=0.02)  # ~1.5 s of job, scraped throughout
+            last = scrape()
+            assert value(last, "goodput_ingest_state_withheld_ranks") == 2
+            assert (value(last, "goodput_ingest_state_errors_total", reason="unwritable") or 0) > 0
+            assert value(last, "goodput_workload_last_event_timestamp_seconds", workload=KILLED, rank="0")
+            step_before = value(last, "goodput_step_number", workload=KILLED, rank="0")
+            daemon.proc.kill()
+            log = daemon.proc.communicate(timeout=10)[0]
+            assert "withheld" in log and "Traceback" not in log, log[-3000:]
+
+            disk.free()
+            daemon = start_daemon(spawn_cli, sock, disk.path)
+            text = daemon.metrics_when(lambda t: all(value(t, "goodput_steps_total", workload=KILLED, rank=r)
+                                                     is not None for r in "01"))  # published: saved
+            after = rank_counters(text)
+            assert value(text, "goodput_ingest_state_withheld_ranks") == 0
+            assert value(text, "goodput_step_number", workload=KILLED, rank="0") >= step_before
+        lower = {f"{n}{dict(labels)}": (figure, after.get((n, labels))) for (n, labels), figure in seen.items()
+                 if after.get((n, labels), -1.0) < figure}
+        assert not lower, f"counters lower after the restart than a scrape before the kill saw (seen, after): {lower}"
+        assert len(after) >= 30 and {n for n, _ in after} >= {
+            "goodput_steps_total", "goodput_tokens_total", "goodput_elapsed_seconds_total",
+            "goodput_step_duration_seconds_bucket"}  # the job's counters, all back once the daemon could save
+        print(f"\n[disk full from the start, kill -9] {len(scrapes)} scrapes before the kill saw {len(seen)} counter "
+              f"series of the job (step number {step_before:.0f}); after the restart {len(after)}, rank 0 steps "
+              f"{value_of(after, 'goodput_steps_total', '0'):.0f}")
+        daemon.stop()
+
+
 # --- c. a corrupt state file ------------------------------------------------------------------------------------
 
 CORRUPT = {

@@ -397,3 +397,25 @@ def test_a_global_view_names_the_cluster_and_pages_on_a_silent_one(tmp_path: Pat
     check = subprocess.run([promtool(), "test", "rules", "global.test.yml"], capture_output=True, text=True,
                            cwd=tmp_path / "out")
     assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_an_objective_declared_unjudged_quiets_the_unmeasured_alert_per_engine_and_model(tmp_path: Path) -> None:
+    """`unjudged` per engine (inference_slo_engines or an override naming only the engine), undone for one model, and
+    declared for one model of an engine that judges it: the alert leaves out exactly those (promtool runs the TGI and
+    Triton cases in tests/test_serving_corpus.py)."""
+    result = render(tmp_path, "inference_slo_overrides:\n  - {engine: tgi, unjudged: [ttft]}\n"
+                              "  - {engine: triton, unjudged: [tpot]}\n"
+                              "  - {model: llama-trt, engine: triton, unjudged: []}\n"
+                              "  - {model: old-llm, engine: vllm, unjudged: [tpot]}\n")
+    assert result.returncode == 0, result.stderr
+    groups = yaml.safe_load((tmp_path / "out" / "goodput-alerts.rules.yml").read_text())["groups"]
+    (expr,) = [r["expr"] for g in groups for r in g["rules"] if r.get("alert") == "GoodputInferenceSLOUnmeasured"]
+    for record in ("requests", "unjudged_requests"):
+        assert f'unless workload:goodput_inference_slo_{record}:rate5m{{objective="ttft", engine="tgi"}}' in expr
+        assert (f'unless workload:goodput_inference_slo_{record}:rate5m{{objective="tpot", engine="triton", '
+                f'model!~"llama\\\\-trt"}}') in expr
+        assert (f'unless workload:goodput_inference_slo_{record}:rate5m{{objective="tpot", engine="vllm", '
+                'model="old-llm"}') in expr
+    assert expr.count("unless workload") == 6, expr
+    shipped = [r["expr"] for r in alert_rules() if r["alert"] == "GoodputInferenceSLOUnmeasured"]
+    assert shipped and "engine=" not in shipped[0]  # nothing declared by default: the alert as before

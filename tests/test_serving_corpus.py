@@ -24,6 +24,8 @@ from typing import Any
 import pytest
 import yaml
 from conftest import ROOT, promtool
+from goodput_mixin.rules.render import rule_files
+from goodput_mixin.rules.settings import RulesSettings
 from prometheus_client.parser import text_string_to_metric_families
 
 CORPUS = ROOT / "tests" / "serving_corpus"
@@ -366,3 +368,120 @@ def test_vllm_under_ray_serve_gives_every_series_a_direct_scrape_gives(rules: li
                       "eval_time": EVAL, "exp_samples": [{"labels": "{}", "value": 0}]})
     _check(rules, tmp_path, {"input_series": input_series(direct, target) + input_series(ray, ray_target),
                       "promql_expr_test": exprs})
+
+
+# --- SGLang under prometheus_client's multiprocess mode (issue 43, item 4) ----------------------------------------
+
+MULTIPROCESS = "sglang_v0.5-early_2025-09-30_aibrix-issue1614.prom"
+
+
+def _scheduler_rows() -> list[dict[str, str]]:
+    """The scheduler label sets of the real 8-rank scrape (one per DP rank, each with its process's `pid`), read off
+    its num_retracted_reqs and num_paused_reqs rows: those two families carry every rank between them."""
+    rows: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families((CORPUS / MULTIPROCESS).read_text()):
+        for sample in family.samples:
+            if "pid" in sample.labels:
+                rows[sample.labels["dp_rank"]] = dict(sample.labels)
+    return [rows[rank] for rank in sorted(rows, key=int)]
+
+
+def test_sglang_scheduler_gauges_of_the_multiprocess_scrape_count_each_batch_once(rules: list[str],
+                                                                                   tmp_path: Path) -> None:
+    """The real scrape's scheduler label sets (8 DP ranks, DP attention: dp_rank = tp_rank, each its own process
+    `pid`) on the running and waiting gauges, which its excerpt does not show: DP rank r runs r + 1 requests and queues
+    2. First as the scrape is (one reporting scheduler per DP rank): the server runs 1 + ... + 8 = 36 and queues 16,
+    one series without pid. Then the same processes with --enable-metrics-for-all-schedulers and two tensor-parallel
+    ranks per DP rank (dp_rank = tp_rank // 2, 4 DP ranks: each pair reports the batch it shares, 2r + 1 and 2r + 2
+    are the pair's tp ranks): every DP rank counted once, not once per rank and process."""
+    rows = _scheduler_rows()
+    assert len(rows) == 8 and len({row["pid"] for row in rows}) == 8, rows
+    target = {"cluster": "c1", "job": "sglang", "instance": "10.0.4.1:30000", "namespace": "serve",
+              "pod": "deepseek-r1-decode-0"}
+    server = {**target, "model": "deepseek-r1", "engine": "sglang"}
+    running, waiting = "server:goodput_inference_requests_running:sum", "server:goodput_inference_requests_waiting:sum"
+
+    def case(labels: list[dict[str, str]], running_of: list[int], total_running: int, total_waiting: int) -> None:
+        series = [s for row, n in zip(labels, running_of, strict=True)
+                  for s in (_series("sglang:num_running_reqs", {**row, **target}, n, gauge=True),
+                            _series("sglang:num_queue_reqs", {**row, **target}, 2, gauge=True))]
+        _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+            {"expr": running, "eval_time": EVAL, "exp_samples": [_exp(running, server, total_running)]},
+            {"expr": waiting, "eval_time": EVAL, "exp_samples": [_exp(waiting, server, total_waiting)]},
+            {"expr": "workload:goodput_inference_requests_running:sum", "eval_time": EVAL, "exp_samples": [
+                _exp("workload:goodput_inference_requests_running:sum",
+                     {"cluster": "c1", "namespace": "serve", "model": "deepseek-r1", "engine": "sglang"},
+                     total_running)]}]})
+
+    case(rows, [int(row["dp_rank"]) + 1 for row in rows], 36, 16)
+    paired = [{**row, "dp_rank": str(int(row["tp_rank"]) // 2)} for row in rows]
+    case(paired, [int(row["dp_rank"]) + 1 for row in paired], 1 + 2 + 3 + 4, 4 * 2)
+
+
+# --- objectives an engine cannot judge (issue 43, item 3) ---------------------------------------------------------
+
+UNJUDGED_SETTINGS = ("inference_slo_overrides:\n  - {engine: tgi, unjudged: [ttft]}\n"
+                     "  - {engine: triton, unjudged: [tpot]}\n")
+
+
+def _rendered(tmp_path: Path, settings: str) -> list[str]:
+    """The inference groups of the rules rendered with `settings` (as the `rules` fixture takes the shipped ones)."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    files = rule_files(RulesSettings.model_validate(yaml.safe_load(settings)))
+    out = []
+    for name in ("goodput-recording.rules.yml", "goodput-alerts.rules.yml"):
+        groups = [g for g in yaml.safe_load(files[name])["groups"]
+                  if g["name"].startswith(("goodput.inference", "goodput.alerts.inference"))]
+        (tmp_path / name).write_text(yaml.safe_dump({"groups": groups}, sort_keys=False, width=1000))
+        out.append(str(tmp_path / name))
+    return out
+
+
+@pytest.mark.parametrize("declared", [False, True], ids=["shipped", "unjudged-declared"])
+def test_an_objective_the_engine_cannot_judge_pages_only_where_a_judgement_was_expected(
+        rules: list[str], tmp_path: Path, declared: bool) -> None:
+    """TGI (no time-to-first-token histogram) and Triton (no per-request time per output token), two pods each,
+    60 requests a minute. mistral-0 and trt-0 meet their judged objective 45 times a minute; slow-0 and stuck-0 never
+    (their threshold buckets stay 0). Shipped, GoodputInferenceSLOUnmeasured fires for all four, on the objective
+    nothing judges; with `unjudged` declared for those engines it fires for none. Either way SLO goodput is absent
+    where the unjudged objective could have been met (mistral, trt) and 0 where the judged one was met by no request
+    (slow, stuck): none of those requests met both."""
+    if declared:
+        rules = _rendered(tmp_path / "rendered", UNJUDGED_SETTINGS)
+    tpot = "tgi_request_mean_time_per_token_duration"
+    first = "nv_inference_first_response_histogram_ms"
+    series = []
+    for pod, met in (("mistral-0", 45), ("slow-0", 0)):
+        tgi = {"cluster": "c1", "job": "tgi", "instance": f"10.0.6.{met}:80", "namespace": "serve", "pod": pod}
+        series += [_series("tgi_request_success", tgi, 60), _series(f"{tpot}_count", tgi, 60),
+                   _series(f"{tpot}_bucket", {**tgi, "le": "0.09852612533569335"}, met),
+                   _series(f"{tpot}_bucket", {**tgi, "le": "+Inf"}, 60)]
+    for pod, met in (("trt-0", 45), ("stuck-0", 0)):
+        trt = {"cluster": "c1", "job": "triton", "instance": f"10.0.7.{met}:8002", "namespace": "serve", "pod": pod,
+               "model": "ensemble", "version": "1"}
+        series += [_series("nv_inference_request_success", trt, 60), _series(f"{first}_count", trt, 60),
+                   _series(f"{first}_bucket", {**trt, "le": "1000"}, met),
+                   _series(f"{first}_bucket", {**trt, "le": "+Inf"}, 60)]
+    base = {"cluster": "c1", "namespace": "serve"}
+    models = {"mistral": {**base, "model": "mistral", "engine": "tgi"},
+              "slow": {**base, "model": "slow", "engine": "tgi"},
+              "trt": {**base, "workload": "trt", "model": "ensemble", "engine": "triton"},
+              "stuck": {**base, "workload": "stuck", "model": "ensemble", "engine": "triton"}}
+    unjudged = {"mistral": "ttft", "slow": "ttft", "trt": "tpot", "stuck": "tpot"}
+    goodput = "workload:goodput_inference_slo_goodput:rate5m"
+    lower = "workload:goodput_inference_slo_joint_attainment_ratio:rate5m"
+    alerts = [] if declared else [
+        {"exp_labels": {"severity": "warning", **labels, "objective": unjudged[name]},
+         "exp_annotations": _annotations("GoodputInferenceSLOUnmeasured", {**labels, "objective": unjudged[name]})}
+        for name, labels in models.items()]
+    _check(rules, tmp_path, {"input_series": series, "promql_expr_test": [
+        {"expr": goodput, "eval_time": EVAL,
+         "exp_samples": [_exp(goodput, models["slow"], 0), _exp(goodput, models["stuck"], 0)]},
+        {"expr": f'{lower}{{bound="lower"}}', "eval_time": EVAL,
+         "exp_samples": [_exp(lower, {**models["slow"], "bound": "lower"}, 0),
+                         _exp(lower, {**models["stuck"], "bound": "lower"}, 0)]},
+        # the records that say so are the same either way: the setting only keeps the alert quiet
+        {"expr": "workload:goodput_inference_slo_unjudged_requests:rate5m", "eval_time": EVAL, "exp_samples": [
+            _exp("workload:goodput_inference_slo_unjudged_requests:rate5m", {**labels, "objective": unjudged[name]},
+                 1) for name, labels in models.items()]}],
+        "alert_rule_test": [{"eval_time": "20m", "alertname": "GoodputInferenceSLOUnmeasured", "exp_alerts": alerts}]})

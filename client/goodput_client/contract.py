@@ -12,6 +12,7 @@ module level, so that both sides (and a training image) can import it for free.
     {"type": "phase", "workload": W, "rank": R, "phase": P, "seconds": S, "elapsed_seconds": T}
     {"type": "lifecycle", "workload": W, "rank": R, "event": E, "elapsed_seconds": T,
      "started_at": U, "resumed_from_step": N}
+    {"type": "role", "workload": W, "rank": R, "pipeline_stage": S, "data_parallel_rank": D}
     {"type": "request", "workload": W, "rank": R, "model": M,
      "ttft_seconds": S|null, "tpot_seconds": S|null, "e2e_seconds": S, "queue_seconds": S|null,
      "prompt_tokens": N, "output_tokens": N, "itl_counts": [N, ...], "itl_sum": S,
@@ -39,6 +40,13 @@ The keys of the second lines are optional (older clients send none of them):
                        DEFAULT_FLOPS_DTYPE), the data type they run in, for model FLOPs utilization.
 
 A phase "checkpoint" (DEPRECATED_PHASES) is counted as "checkpoint_save".
+
+A "role" event says where the rank sits in its job's parallelism, so that the rules compare it with its peers:
+
+    0 <= S < MAX_ROLE_INDEX, 0 <= D < MAX_ROLE_INDEX, both required. pipeline_stage: the rank's pipeline stage
+    (0 without pipeline parallelism); data_parallel_rank: the index of its pipeline (its model replica). The
+    daemon keeps the last one per rank; the client sends it again every ROLE_RESEND_SECONDS, so a daemon that
+    restarted learns it again.
 
 A "request" event is one finished request of an inference server (any process streaming tokens), for
 the daemon's per (workload, model) latency histograms and SLO counts:
@@ -95,7 +103,7 @@ from __future__ import annotations
 
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
-EVENT_TYPES = ("step", "phase", "lifecycle", "request", "capture")
+EVENT_TYPES = ("step", "phase", "lifecycle", "role", "request", "capture")
 PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "eval",
           "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
@@ -113,6 +121,10 @@ MAX_COUNT = 10**12  # tokens, samples
 MIN_DURATION = 1e-9  # a step's duration is positive: shorter ones are sent as this
 WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"
 MAX_RANK = 1_000_000
+MAX_ROLE_INDEX = 1_000_000  # pipeline stages, data-parallel replicas
+ROLE_RESEND_SECONDS = 60.0
+PIPELINE_STAGE_ENV = "GOODPUT_PIPELINE_STAGE"  # a rank's role, where neither the job nor a probe tells it
+DATA_PARALLEL_RANK_ENV = "GOODPUT_DATA_PARALLEL_RANK"
 _FOLDER_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _HEX = frozenset("0123456789ABCDEFabcdef")
 
@@ -234,6 +246,11 @@ def lifecycle_event(workload: str, rank: int, event: str, *, elapsed_seconds: fl
     if resumed_from_step is not None:
         body["resumed_from_step"] = int(resumed_from_step)
     return body
+
+
+def role_event(workload: str, rank: int, pipeline_stage: int, data_parallel_rank: int) -> Event:
+    return {"type": "role", "workload": workload, "rank": rank, "pipeline_stage": int(pipeline_stage),
+            "data_parallel_rank": int(data_parallel_rank)}
 
 
 def _seconds(value: float | None) -> float | None:

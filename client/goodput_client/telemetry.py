@@ -29,6 +29,7 @@ from bisect import bisect_left
 from .contract import (
     CAPTURE_POLL_SECONDS,
     CAPTURES_ENV,
+    DATA_PARALLEL_RANK_ENV,
     DEFAULT_FLOPS_DTYPE,
     DEFAULT_SOCKET,
     DEFAULT_TPOT_OBJECTIVE,
@@ -44,9 +45,12 @@ from .contract import (
     LIFECYCLE_EVENTS,
     MAX_COUNT,
     MAX_FLOPS,
+    MAX_ROLE_INDEX,
     MAX_SECONDS,
     MODEL_PATTERN,
     PHASES,
+    PIPELINE_STAGE_ENV,
+    ROLE_RESEND_SECONDS,
     SOCKET_ENV,
     batch_body,
     capture_event,
@@ -55,6 +59,7 @@ from .contract import (
     phase_event,
     poll_path,
     request_event,
+    role_event,
     step_event,
     workload_folder,
 )
@@ -198,6 +203,11 @@ def _whole(value: object, low: int) -> int | None:
     except TypeError:
         return None
     return number if low <= number <= MAX_COUNT else None
+
+
+def _env_int(text: str) -> int | str:
+    """An environment variable's whole number, or its text as it is (for the warning that refuses it)."""
+    return int(text.strip()) if text.strip().isdigit() else text
 
 
 def _flops(value: object) -> float | None:
@@ -457,6 +467,10 @@ class Telemetry:
         self._polling = self.captures  # off for good once the daemon refuses a poll (an older one)
         self._last_post = time.monotonic()
         self._closing = False
+        # the rank's role in the job's parallelism (pipeline stage, data-parallel rank), once told: sent at once and
+        # again every ROLE_RESEND_SECONDS by the sender
+        self._role: tuple[int, int] | None = None
+        self._role_sent = 0.0
         if url:
             self._transport: Transport = Transport(url=url, token=token, timeout=timeout)
         else:
@@ -471,6 +485,9 @@ class Telemetry:
         self._t0 = now if since is None or not since <= now else since
         self.started_at = time.time() - (now - self._t0)  # the same instant on the wall clock
         self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at))
+        stage = _from_env(PIPELINE_STAGE_ENV)
+        if stage is not None:
+            self.role(_env_int(stage), _env_int(_from_env(DATA_PARALLEL_RANK_ENV) or "0"))  # type: ignore[arg-type]
 
     # --- the hot path: called from the training loop ----------------------------------------------
 
@@ -601,6 +618,24 @@ class Telemetry:
                 with self._steps_lock:
                     self._last_step = resumed
         self._put(("lifecycle", event, now - self._t0, resumed, None))  # started_at: the constructor's event only
+
+    def role(self, pipeline_stage: int, data_parallel_rank: int = 0) -> None:
+        """Where this rank sits in the job's parallelism: its pipeline stage (0 for the first; 0 without pipeline
+        parallelism) and the index of its pipeline, its model replica. The straggler rules compare a rank with the
+        ranks of its own stage (a last stage that is slower by construction is not a straggler). Values that are
+        not ints within [0, MAX_ROLE_INDEX) are not sent (logged once). goodput-instrument sets it for jobs built
+        on torch.distributed.pipelining; GOODPUT_PIPELINE_STAGE and GOODPUT_DATA_PARALLEL_RANK set it for the rest."""
+        stage, replica = _whole(pipeline_stage, 0), _whole(data_parallel_rank, 0)
+        if stage is None or replica is None or stage >= MAX_ROLE_INDEX or replica >= MAX_ROLE_INDEX:
+            self._warn_once("role", "goodput telemetry: role not sent: pipeline_stage=%s, data_parallel_rank=%s: "
+                            "expected ints within [0, %d)", repr(pipeline_stage), repr(data_parallel_rank),
+                            MAX_ROLE_INDEX)
+            return
+        if self._role == (stage, replica):
+            return
+        self._role = (stage, replica)
+        self._role_sent = time.monotonic()
+        self._put(("role", stage, replica))
 
     # --- inference requests ----------------------------------------------------------------------------
 
@@ -780,8 +815,11 @@ class Telemetry:
             ("step", duration, tokens, samples, number|None, flops|None, elapsed|None)
             ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None)
             ("request", ...)
-            ("capture", id, kind, result, path, bytes, message)"""
+            ("capture", id, kind, result, path, bytes, message)
+            ("role", pipeline_stage, data_parallel_rank)"""
         kind = event[0]
+        if kind == "role":
+            return role_event(self.workload, self.rank, event[1], event[2])
         if kind == "phase":
             return phase_event(self.workload, self.rank, event[1], event[2], elapsed_seconds=event[3])
         if kind == "step":
@@ -888,6 +926,10 @@ class Telemetry:
             self._idle.clear()
             try:
                 self._report_open_phases()
+                role = self._role
+                if role is not None and time.monotonic() - self._role_sent >= ROLE_RESEND_SECONDS:
+                    self._role_sent = time.monotonic()
+                    self._put(("role", *role))
                 self._send_pending()
                 if self._polling and time.monotonic() - self._last_post >= self.poll_interval:
                     self._poll()

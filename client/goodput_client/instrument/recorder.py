@@ -67,6 +67,7 @@ class Recorder:
         self.deferred: dict[str, float] | None = None
         self.probes: list = []  # type: ignore[type-arg]
         self.depth = 0  # phases open now (only the outermost counts)
+        self.reported = 0.0  # seconds of every phase reported so far (never reset: probes compare two readings)
         self.held: list[tuple[str, float]] | None = None  # phases inside a block that may turn out to be eval
         self.grad_off = 0  # no_grad / inference_mode blocks open now
         self.pre: dict[str, float] = {}  # phases seen before training started: seconds by name
@@ -87,6 +88,7 @@ class Recorder:
         self.next_number: int | None = None  # the number of the next step, where a Trainer resumed
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
         self.forked = self.fork_told = False  # this process was forked from an instrumented one; it said so
+        self.role_told: tuple[int, int] | None = None  # the rank's role (pipeline stage, replica), as a probe saw it
 
     @property
     def live(self) -> bool:
@@ -115,6 +117,8 @@ class Recorder:
             # the rest of the time since the interpreter started, and with it the elapsed time so far
             _put_phase(telemetry, "startup", max(0.0, _perf() - self.boot - sum(self.pre.values())), elapsed=True)
         self.pre.clear()
+        if self.role_told is not None:
+            self.telemetry.role(*self.role_told)
         self.state = "active"
         self.window_start = _perf()
         self.window_other = self.window_excluded = 0.0
@@ -259,6 +263,7 @@ class Recorder:
 
     def phase(self, name: str, seconds: float) -> None:
         """A phase that ended now, outside any other."""
+        self.reported += seconds
         if self.state == "waiting":
             self.pre[name] = self.pre.get(name, 0.0) + seconds
             return
@@ -393,6 +398,12 @@ class Recorder:
         if telemetry is not None:
             number, self.next_number = self.next_number, None
             _record_step(telemetry, duration, tokens, samples, step=number, flops=flops)
+
+    def role(self, pipeline_stage: int, replica: int) -> None:
+        """A probe learned the rank's role: sent now, or once training starts."""
+        self.role_told = (pipeline_stage, replica)
+        if self.state == "active" and self.telemetry is not None:
+            self.telemetry.role(pipeline_stage, replica)
 
     def checkpoint_loaded(self, step: int) -> None:
         """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,

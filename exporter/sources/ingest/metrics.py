@@ -132,7 +132,16 @@ INGEST_REJECTED = _m(
 STATE_ERRORS = _m(
     "goodput_ingest_state_errors_total", Kind.COUNTER, "",
     "Problems with the state file under ingest.state_dir, by reason: corrupt (unparsable or malformed: set aside, "
-    "started fresh), unreadable, unwritable (a write failed; retried at the next).", ("reason",))
+    "started fresh), unreadable, unwritable (a write failed, e.g. a full disk; retried at the next collect: until "
+    "then each rank's counters stay at what was saved last, and those of a rank never saved are withheld, "
+    "goodput_ingest_state_withheld_ranks).", ("reason",))
+STATE_WITHHELD = _m(
+    "goodput_ingest_state_withheld_ranks", Kind.GAUGE, "",
+    "Ranks whose counters are withheld from /metrics because nothing of their account could be saved under "
+    "ingest.state_dir yet (a full or unwritable disk: goodput_ingest_state_errors_total{reason=\"unwritable\"}). "
+    "Their gauges (step number, step time, last event) are still shown; their counters appear from their first "
+    "save on, so that no counter a scrape saw can go down after a daemon restart. 0 when none is; absent without "
+    "ingest.state_dir.", ())
 
 # --- captures: what the daemon asked the ranks for, and what they wrote (ingest.capture_dir) ---
 CAPTURES = _m(

@@ -1,4 +1,4 @@
-"""The wire format of POST /v1/events (step, phase, lifecycle, request and capture events), validated strictly:
+"""The wire format of POST /v1/events (step, phase, lifecycle, role, request and capture events), validated strictly:
 nothing half-applied, nothing guessed. An empty batch is valid: a rank polling for capture requests.
 
 Strict, with one exception: a whole number written as a float (`5.0`) is an integer, as JSON has it (JSON Schema
@@ -28,6 +28,7 @@ from goodput_client.contract import (
     MAX_ELAPSED,
     MAX_FLOPS,
     MAX_RANK,
+    MAX_ROLE_INDEX,
     MAX_SECONDS,
     MODEL_PATTERN,
     WIRE_PHASES,
@@ -95,6 +96,17 @@ class LifecycleEvent(_Timed):
     resumed_from_step: Annotated[int, Field(ge=0, le=MAX_COUNT), WHOLE] | None = None
 
 
+RoleIndex = Annotated[int, Field(ge=0, lt=MAX_ROLE_INDEX), WHOLE]
+
+
+class RoleEvent(_Event):
+    """The rank's role in its job's parallelism: its pipeline stage and its pipeline's (replica's) index."""
+
+    type: Literal["role"]
+    pipeline_stage: RoleIndex
+    data_parallel_rank: RoleIndex
+
+
 class RequestEvent(_Event):
     """One finished request of an inference server; every key but queue_seconds is required."""
 
@@ -128,7 +140,7 @@ class CaptureEvent(_Event):
     message: Annotated[str, Field(max_length=MAX_CAPTURE_MESSAGE)] = ""
 
 
-Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent | CaptureEvent,
+Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | RequestEvent | CaptureEvent,
                   Field(discriminator="type")]
 
 

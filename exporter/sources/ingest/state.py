@@ -21,7 +21,7 @@ from ...core.exposition import Batch
 from . import metrics as c
 from .accounting import Account, Figures
 from .changepoint import StepTimeDetector
-from .models import LifecycleEvent, PhaseEvent, RequestEvent, StepEvent
+from .models import LifecycleEvent, PhaseEvent, RequestEvent, RoleEvent, StepEvent
 from .peer import ROOT_UID, Sender, start_time
 from .settings import IngestConfig
 from .statefile import ERROR_REASONS, StateFile
@@ -67,6 +67,7 @@ class _Rank:
     detector: StepTimeDetector  # its step time's normal level and lasting shifts (their count: in the account)
     last_event: float = 0.0
     ended_at: float | None = None
+    role: tuple[str, str] | None = None  # (pipeline stage, data-parallel rank), as the rank last reported them
 
 
 SHIFT_DIRECTIONS = {1: "up", -1: "down"}
@@ -177,8 +178,13 @@ class IngestState:
         self._dirty: set[tuple[str, str]] = set()  # ranks whose account changed since the last save
         self._dropped: set[tuple[str, str]] = set()  # accounts forgotten since the last save
         # with a state file, what each account's series show: its figures as of its last save (one whose save failed
-        # shows what is on disk, so that a restart can never show less); an account never saved shows its own
+        # shows what is on disk, so that a restart can never show less); an account never saved shows no counter at
+        # all (withheld: a restart would find nothing of it, and its counters would start again from zero)
         self._shown: dict[tuple[str, str], Figures] = {}
+        # accounts never saved whose save was tried and failed: their counters withheld for want of a disk (those of
+        # a rank that appeared since the last save are withheld too, until the next, but that is no problem)
+        self._unsaved: set[tuple[str, str]] = set()
+        self._withheld_logged = 0  # withheld ranks when last logged: the first and the last are logged
         if state_file is not None:
             self._restore(state_file)
         # (workload, model) -> its requests; apart from the ranks: a rank's end leaves them, idleness expires them
@@ -258,7 +264,7 @@ class IngestState:
                 else f"uid {sender.uid} already has"
             raise Rejected("uid_cap", f"{who} {problem} on this node", 429)
 
-    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RequestEvent],
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | RequestEvent],
               peer_pid: int | None = None, sender: Sender | None = None) -> None:
         """Apply every event or none (another's workload, over a cap: Rejected, and nothing changed). `peer_pid`,
         the sending process as the kernel names it, is remembered as declaring its events' identity (a
@@ -317,6 +323,8 @@ class IngestState:
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
+                elif isinstance(event, RoleEvent):
+                    rank.role = (str(event.pipeline_stage), str(event.data_parallel_rank))
                 elif event.event == "end":
                     rank.ended_at = now
                     rank.account.touch(now, event.elapsed_seconds)
@@ -388,8 +396,8 @@ class IngestState:
         """Write what changed since the last save to the state file (the source does it before publishing what it
         collected, and once more at shutdown): the changed accounts into its journal, or a whole snapshot when the
         journal is used up. The accounts saved show their figures as of now; when the write fails they go on showing
-        what was saved before (and the write is tried again at the next save). `whole`: a snapshot of everything
-        (at shutdown), unless the disk has no room for one."""
+        what was saved before, or no counter at all if nothing of them was ever saved (and the write is tried again
+        at the next save). `whole`: a snapshot of everything (at shutdown), unless the disk has no room for one."""
         if self.state_file is None:
             return
         with self._save_lock:
@@ -418,7 +426,9 @@ class IngestState:
                 if not ok:
                     self._dirty |= dirty | (set(saved) if snapshot else set())
                     self._dropped |= dropped
+                    self._unsaved |= saved.keys() - self._shown.keys()
                     return
+                self._unsaved -= saved.keys()
                 for account in saved.values():
                     account.history.written()
                 self._shown.update(figures)
@@ -494,13 +504,12 @@ class IngestState:
             self._mixed_logged = {p for p in self._mixed_logged if (self._proc / str(p)).exists()}
             return claims
 
-    def _figures(self, key: tuple[str, str], account: Account) -> Figures:
-        """What the account's series show (the caller holds the lock)."""
-        if self.state_file is not None:
-            shown = self._shown.get(key)
-            if shown is not None:
-                return shown
-        return account.figures()
+    def _figures(self, key: tuple[str, str], account: Account) -> Figures | None:
+        """What the account's series show (the caller holds the lock): with a state file, its figures as of its last
+        save, None when it was never saved (its counters withheld)."""
+        if self.state_file is None:
+            return account.figures()
+        return self._shown.get(key)
 
     @staticmethod
     def _render(batch: Batch, key: tuple[str, str], figures: Figures) -> None:
@@ -542,15 +551,24 @@ class IngestState:
             live = {w for w, _ in self._ranks}
             for workload in [w for w in self._owners if w not in live]:
                 del self._owners[workload]  # its last rank expired or ended: anyone may start it anew
+            withheld = 0
             for key, rank in sorted(self._ranks.items()):
                 figures = self._figures(key, rank.account)
-                batch.add(c.STEP_DURATION, key, figures.durations)
                 summaries = rank.detector.summaries(now)
                 for window in STEP_TIME_WINDOWS:
                     if window in summaries:
                         batch.add(c.STEP_TIME, (*key, window), summaries[window])
                 if rank.detector.baseline is not None:
                     batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
+                batch.add(c.LAST_EVENT, key, rank.last_event)
+                if rank.role is not None:
+                    batch.add(c.RANK_ROLE, (*key, *rank.role), 1)
+                if figures is None:  # never saved: its gauges only (they may go down), none of its counters
+                    withheld += key in self._unsaved
+                    if rank.account.last_step is not None:
+                        batch.add(c.STEP_NUMBER, key, rank.account.last_step)
+                    continue
+                batch.add(c.STEP_DURATION, key, figures.durations)
                 batch.add(c.STEP_SHIFTS, (*key, "up"), figures.shifts_up)
                 batch.add(c.STEP_SHIFTS, (*key, "down"), figures.shifts_down)
                 batch.add(c.STEPS, key, figures.steps)
@@ -558,9 +576,11 @@ class IngestState:
                 batch.add(c.SAMPLES, key, figures.samples)
                 self._render(batch, key, figures)
                 batch.add(c.RESTARTS, key, figures.restarts)
-                batch.add(c.LAST_EVENT, key, rank.last_event)
             for key, account in sorted(self._dormant.items()):  # a restart's jump stays within a rate's reach
-                self._render(batch, key, self._figures(key, account))
+                if (figures := self._figures(key, account)) is not None:
+                    self._render(batch, key, figures)
+                else:
+                    withheld += key in self._unsaved
             for key, model in sorted(self._models.items()):
                 batch.add(c.TTFT, key, model.ttft.rendered())
                 batch.add(c.TPOT, key, model.tpot.rendered())
@@ -582,7 +602,23 @@ class IngestState:
             if self.state_file is not None:
                 for reason in ERROR_REASONS:
                     batch.add(c.STATE_ERRORS, (reason,), self.state_file.errors[reason])
+                batch.add(c.STATE_WITHHELD, (), withheld)
+                self._unsaved &= self._ranks.keys() | self._dormant.keys()
+                self._log_withheld(withheld)
         return batch
+
+    def _log_withheld(self, withheld: int) -> None:
+        """Log when ranks' counters start being withheld, and when none are any more (the caller holds the lock)."""
+        assert self.state_file is not None
+        if withheld and not self._withheld_logged:
+            log.warning("ingest: the counters of %d ranks are withheld from /metrics: they were never saved to %s, "
+                        "which cannot be written (goodput_ingest_state_errors_total{reason=\"unwritable\"}); each is "
+                        "published from its first save on, so that a restart cannot show less than a scrape saw",
+                        withheld, self.state_file.path.parent)
+        elif not withheld and self._withheld_logged:
+            log.info("ingest: no rank's counters are withheld any more (those of every rank shown are saved to %s)",
+                     self.state_file.path.parent)
+        self._withheld_logged = withheld
 
 
 

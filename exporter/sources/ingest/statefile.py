@@ -14,12 +14,12 @@ writes a new snapshot of everything and starts a new journal. On load the journa
 the first that is not whole (a daemon killed mid-write); a journal of another generation is ignored (a daemon
 killed between a new snapshot and its journal: the snapshot holds everything).
 
-Each save happens before what it holds is published; a rank whose save failed keeps showing what was saved last
-(`IngestState`), so that no counter a scrape has seen can go down after a daemon restart, however the daemon stopped,
-even on a full disk. A missing file starts fresh (logged). A snapshot that cannot be parsed or is not what this
-version wrote is counted (`corrupt`), logged, kept beside as `<name>.corrupt` for a look, and replaced by the next
-write; one that cannot be read is counted `unreadable`; a write that fails is counted `unwritable` and retried at the
-next save. None of them stops the daemon.
+Each save happens before what it holds is published; a rank whose save failed keeps showing what was saved last, and
+one never saved shows no counter until its first save succeeds (`IngestState`), so that no counter a scrape has seen
+can go down after a daemon restart, however the daemon stopped, even on a disk full from the start. A missing file
+starts fresh (logged). A snapshot that cannot be parsed or is not what this version wrote is counted (`corrupt`),
+logged, kept beside as `<name>.corrupt` for a look, and replaced by the next write; one that cannot be read is counted
+`unreadable`; a write that fails is counted `unwritable` and retried at the next save. None of them stops the daemon.
 """
 
 from __future__ import annotations
@@ -210,8 +210,8 @@ class StateFile:
     def _failed(self, path: Path, exc: OSError) -> bool:
         self.errors["unwritable"] += 1
         (log.debug if self._failing else log.error)(
-            "ingest: cannot write the state file %s (%s); what was saved last is shown until it is written again",
-            path, exc)
+            "ingest: cannot write the state file %s (%s); until it is written again each rank's counters show what "
+            "was saved last, and those of ranks never saved are withheld", path, exc)
         self._failing = True
         return False
 

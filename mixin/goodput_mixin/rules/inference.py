@@ -18,13 +18,15 @@ threshold that it has, among those the engines have used and Prometheus' default
 is recorded. An objective nothing judges (no bound at or below the threshold, or no histogram for it: TGI's time to
 first token, Triton's time per output token) is unmeasured, never met: its finished requests are recorded as
 unjudged, the "unmeasured" alert fires, and the model has no lower bound of the joint figure nor SLO goodput (the
-upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages). Two histograms do
-not say how many requests met both objectives: the joint attainment is recorded as its bounds, max(0, a+b-1) and
-min(a, b), and exactly where the client path counted it. SLO goodput counts the requests known to have met both
-(the client path's count, else the judged requests times the lower bound), never more than the finished requests
-less the aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact figure, else
-1 - the upper bound), so neither flatters nor guesses. A request that ends before it is judged (aborted before its
-first token) counts in neither: no engine observes a time to first token for it.
+upper bound and the error ratio, from the misses that are judged, still feed the burn-rate pages), unless a judged
+objective was met by no request: then none met both, and the lower bound and SLO goodput are 0. Where an engine is
+known not to judge an objective (the settings' `unjudged`), the alert stays silent; the figures do not change.
+Two histograms do not say how many requests met both objectives: the joint attainment is recorded as its bounds,
+max(0, a+b-1) and min(a, b), and exactly where the client path counted it. SLO goodput counts the requests known to
+have met both (the client path's count, else the judged requests times the lower bound), never more than the
+finished requests less the aborted ones; the burn-rate alerts page on errors known to have happened (1 - the exact
+figure, else 1 - the upper bound), so neither flatters nor guesses. A request that ends before it is judged (aborted
+before its first token) counts in neither: no engine observes a time to first token for it.
 
 Requests are finished requests by a normalized reason (stop, length, abort, error) where the engine tells one, none
 where it does not; a served model without a model label is named for its pod's owner (Deployment, StatefulSet), and
@@ -74,6 +76,9 @@ BOUND = "workload:goodput_inference_slo_judged_bound_seconds:min"
 # or --enable-metrics-for-all-schedulers, every stage or tensor-parallel rank reports the batch they share): a
 # series is taken once over them (max) before the sum over the ranks that hold requests of their own (dp_rank).
 REPLICA_LABELS = ("tp_rank", "pp_rank", "moe_ep_rank")
+# The label prometheus_client's multiprocess mode gives a gauge of mode "all"/"liveall" (its default): the process
+# that wrote the value. See _Norm.once() for how SGLang's scheduler series are taken once over it.
+PROCESS_LABEL = "pid"
 
 GAUGES = {"requests_running": ("sum", "requests_running"), "requests_waiting": ("sum", "requests_waiting"),
           "kv_cache_usage": ("max", "kv_cache_usage_ratio")}
@@ -150,9 +155,7 @@ class _Norm:
         so that two deployments never merge); the reason a request finished as `reason`, normalized; once over the
         ranks that report the same requests; nothing from a target that another engine's series show to be that
         engine's (vLLM's TGIS-compatible metrics)."""
-        replicas = [label for label in REPLICA_LABELS if label in native.labels]
-        if replicas:
-            expr = f"max without ({', '.join(replicas)}) ({expr})"
+        expr = self.once(expr, native)
         for own, name in self._renamed(native):
             expr = f'label_replace({expr}, "{name}", "$1", "{own}", "(.+)")'
         if self.engine.reason_label in native.labels:
@@ -172,10 +175,44 @@ class _Norm:
             expr = f"({expr}) unless on ({c}, job, instance, namespace, pod, container) {self.engine.yields_to}"
         return expr
 
+    @staticmethod
+    def once(expr: str, native: Native) -> str:
+        """`expr` taken once per group of ranks that hold the same requests: max over the replica ranks.
+
+        What SGLang's scheduler labels mean (python/sglang/srt/metrics/collector.py up to 0.5.9, then
+        observability/metrics_collector.py; the scheduler's labels in managers/scheduler.py): every scheduler is one
+        process, one per (dp_rank, tp_rank, pp_rank) (moe_ep_rank follows from tp_rank). dp_rank is set where the
+        scheduler is given a data-parallel rank (the real scrape: DP attention, 8 ranks, dp_rank = tp_rank), and each
+        DP rank holds requests of its own. Within a DP rank
+        every tensor-parallel and pipeline rank runs the same batch; only the one at attention-TP rank 0 reports,
+        unless --enable-metrics-for-all-schedulers, when each reports that same batch (and each pipeline stage
+        always has a scheduler of its own). So a DP rank's requests are the max over tp_rank, pp_rank and
+        moe_ep_rank, and the server's the sum of that over dp_rank (dp_rank is summed away in server()).
+
+        `pid` is not SGLang's: prometheus_client's multiprocess mode (SGLang sets PROMETHEUS_MULTIPROC_DIR) adds it to
+        every gauge whose multiprocess_mode is "all" (the default) or "liveall", one series per process that wrote it
+        (the real 8-rank scrape in tests/serving_corpus shows it on num_retracted_reqs and num_paused_reqs). The
+        gauges read here are declared "mostrecent" in the releases checked, which drops pid, but a build that keeps
+        the default would give them one. Where the series has rank labels (0.5.0 on) a pid names nothing the ranks
+        do not already name (one live process per rank), so it is dropped before the max: kept, it would keep every
+        reporting rank's copy of one batch apart, and the sums after it would count that batch once per rank. Where
+        it has none (0.4.x scheduler labels are model_name and engine_type only), pid is the only thing that tells
+        the reporting processes apart; the default (one reporting scheduler per DP rank) makes them DP ranks, so pid
+        stays and is summed like dp_rank. The counters and histograms read (requests, tokens, retractions, queue
+        time) never carry pid: prometheus_client sums them over processes, so nothing is done about it there."""
+        replicas = [label for label in REPLICA_LABELS if label in native.labels]
+        if not replicas:
+            return expr
+        if native.kind == "gauge" and "tp_rank" in native.labels:
+            expr = f'label_replace({expr}, "{PROCESS_LABEL}", "", "tp_rank", ".+")'
+        return f"max without ({', '.join(replicas)}) ({expr})"
+
     def drop(self, native: Native) -> list[str]:
         """The engine's labels a normalized series sums or maxes away: all but the normalized ones (workload,
         model, reason) and the replica ranks, which rename() already took once; a renamed label goes too."""
         dropped = [label for label in native.labels if label not in NORMALIZED_LABELS and label not in REPLICA_LABELS]
+        if native.kind == "gauge" and any(label in REPLICA_LABELS for label in native.labels):
+            dropped.append(PROCESS_LABEL)  # a scheduler process without rank labels: see once()
         return (dropped + (["model_pod"] if self.engine.model_label is None else [])
                 + (["workload_pod"] if self.engine.generic_models else []))
 
@@ -394,9 +431,14 @@ def _attainment(s: RulesSettings, window: str) -> list[Rule]:
     # still see a model that misses the objective it can judge.
     unknown = (f"(\n  ({judged} unless {met})\n  or\n  workload:goodput_inference_slo_unjudged_requests:rate{w}\n)")
 
+    # ... except where a judged objective was met by no request: then none met both, whatever the other objective
+    # (judged or not), and the lower bound is 0, exact (SLO goodput with it)
+    none_met = (f'max without (objective) (\n  workload:goodput_inference_slo_met_requests:rate{window}'
+                f'{{objective=~"ttft|tpot"}} == 0\n  and\n  {judged} > 0\n)')
+
     def bound_(expr: str, name: str) -> Rule:
         if name == "lower":
-            expr = f"(\n{expr}\n) unless on ({keys}) {unknown}"
+            expr = f"{none_met}\nor\n(\n{expr}\n) unless on ({keys}) {unknown}"  # `or` binds last
         return {"record": joint, "expr": expr, "labels": {"bound": name}}
 
     rules += [

@@ -5,6 +5,7 @@ scrape with other buckets is judged at the bound below, see inference.py)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import TYPE_CHECKING
 
 from .engines import ENGINES
@@ -25,8 +26,8 @@ def resolve(s: RulesSettings, engine: str, model: str | None = None) -> Objectiv
     if model is not None:
         entries += [o for o in s.inference_slo_overrides if o.model == model and o.engine in (None, engine)]
     for entry in entries:
-        values.update({k: v for k, v in entry.model_dump(include={"ttft_seconds", "tpot_seconds", "target"}).items()
-                       if v is not None})
+        values.update({k: v for k, v in entry.model_dump(
+            include={"ttft_seconds", "tpot_seconds", "target", "unjudged"}).items() if v is not None})
     return type(s.inference_slo).model_validate(values)
 
 
@@ -34,6 +35,33 @@ def models(s: RulesSettings, engine: str) -> list[str]:
     """The models with objectives of their own on `engine`, in the order the settings name them."""
     named = [o.model for o in s.inference_slo_overrides if o.model is not None and o.engine in (None, engine)]
     return list(dict.fromkeys(named))
+
+
+def unjudged(s: RulesSettings) -> list[str]:
+    """Matchers (without braces) of the workload-level series of each objective declared unjudged (`unjudged` in
+    inference_slo, inference_slo_engines or inference_slo_overrides): per engine, its models but those whose own
+    entry judges the objective again, and each model whose own entry declares it where its engine does not. Few and
+    short: an engine's name, and the models named in the overrides."""
+    out = []
+    for name in s.inference_engines:
+        named = models(s, name)
+        default = resolve(s, name).unjudged
+        for objective in OBJECTIVES:
+            engine = f'objective="{objective}", engine="{name}"'
+            own = [m for m in named if (objective in resolve(s, name, m).unjudged) != (objective in default)]
+            if objective in default:
+                out.append(engine + (f', model!~"{_alternatives(own)}"' if own else ""))
+            else:
+                out += [f'{engine}, model="{_escape(m)}"' for m in own]
+    return out
+
+
+def _escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _alternatives(names: list[str]) -> str:
+    return _escape("|".join(re.escape(n) for n in names))
 
 
 def bound(buckets: tuple[float, ...], threshold: float) -> float | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -29,6 +29,10 @@ def seconds(range_: str) -> int:
     return int(range_[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[range_[-1]]
 
 
+# the latency objectives by name (objectives.OBJECTIVES)
+Objective = Literal["ttft", "tpot"]
+
+
 class Objectives(BaseModel):
     """Latency objectives of served requests, and the share of requests that must meet them."""
 
@@ -38,6 +42,10 @@ class Objectives(BaseModel):
     tpot_seconds: float = Field(0.1, gt=0, description="Time per output token after the first (a request's mean), "
                                 "at most.")
     target: float = Field(0.99, gt=0, lt=1, description="Share of requests that must meet both.")
+    unjudged: list[Objective] = Field(
+        default_factory=list, description="Objectives the engine is known not to judge (TGI: ttft; Triton: tpot): "
+        "GoodputInferenceSLOUnmeasured does not fire for them. Nothing else changes: a model's SLO goodput stays "
+        "absent where an objective is not judged, and one the engine does judge after all is still judged.")
 
 
 class ObjectivesPart(BaseModel):
@@ -48,6 +56,7 @@ class ObjectivesPart(BaseModel):
     ttft_seconds: float | None = Field(None, gt=0)
     tpot_seconds: float | None = Field(None, gt=0)
     target: float | None = Field(None, gt=0, lt=1)
+    unjudged: list[Objective] | None = Field(None)
 
 
 class ObjectivesOverride(ObjectivesPart):
@@ -245,14 +254,18 @@ class RulesSettings(BaseModel):
     inference_slo_engines: dict[str, ObjectivesPart] = Field(
         default_factory=lambda: {"tgi": ObjectivesPart(tpot_seconds=TGI_TPOT_OBJECTIVE)},
         description="Objectives of every model an engine serves, over inference_slo: {engine: {ttft_seconds, "
-        "tpot_seconds, target}}. The default gives TGI the bound of its geometric buckets nearest 0.1 s (no round "
-        "number is one); set it again when you change inference_slo.tpot_seconds.")
+        "tpot_seconds, target, unjudged}}. The default gives TGI the bound of its geometric buckets nearest 0.1 s (no "
+        "round number is one); set it again when you change inference_slo.tpot_seconds. unjudged lists the "
+        "objectives the engine cannot judge, so that GoodputInferenceSLOUnmeasured fires only where a judgement "
+        "was expected: {tgi: {unjudged: [ttft]}, triton: {unjudged: [tpot]}}.")
     inference_slo_overrides: list[ObjectivesOverride] = Field(
         default_factory=list,
         description="Objectives of some models, over inference_slo and inference_slo_engines: a list of {model, "
-        "engine, ttft_seconds, tpot_seconds, target}; model (the engine's model label) and engine each narrow an "
-        "entry, an entry naming a model wins over one naming only an engine. A threshold must be a bucket bound of "
-        "every engine the entry applies to: name the engine where the engines' bounds differ.")
+        "engine, ttft_seconds, tpot_seconds, target, unjudged}; model (the engine's model label) and engine each "
+        "narrow an entry, an entry naming a model wins over one naming only an engine. A threshold must be a bucket "
+        "bound of every engine the entry applies to: name the engine where the engines' bounds differ. An entry naming "
+        "only an engine is the way to declare its unjudged objectives without repeating inference_slo_engines' "
+        "defaults.")
     inference_slo_fast_windows: list[str] = Field(
         ["5m", "1h"], description="GoodputInferenceSLOBurnFast: the short and long windows (the SRE workbook's 5m "
         "and 1h); the short one is at least the recording rules' short window.")

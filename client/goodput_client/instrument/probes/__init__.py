@@ -3,6 +3,7 @@ GOODPUT_INSTRUMENT_PROBES_OFF names those to leave out."""
 
 from __future__ import annotations
 
+from .backward import BackwardProbe
 from .base import Probe
 from .checkpoint import CheckpointProbe, DistributedCheckpointProbe
 from .collectives import CollectivesProbe
@@ -12,10 +13,11 @@ from .evaluation import EvalProbe
 from .flops import FlopsProbe
 from .lightning import LightningProbe
 from .optimizer import OptimizerProbe
+from .pipeline import PipelineProbe
 from .transformers import TransformersProbe
 
 PROBES: tuple[type[Probe], ...] = (OptimizerProbe, DataLoaderProbe, CheckpointProbe, DistributedCheckpointProbe,
-                                   CollectivesProbe, CompileProbe, EvalProbe, FlopsProbe, TransformersProbe,
-                                   LightningProbe)
+                                   CollectivesProbe, BackwardProbe, CompileProbe, EvalProbe, FlopsProbe,
+                                   TransformersProbe, LightningProbe, PipelineProbe)
 
 __all__ = ["PROBES", "Probe"]

@@ -1,8 +1,9 @@
 """comm_wait: the time a rank is blocked in a collective of torch.distributed: a blocking call (all_reduce,
-all_gather, broadcast, barrier, ...), or `Work.wait()` on an asynchronous one. With gloo the CPU waits there for the
-slowest peer, so this is the rank's wait for its peers (plus the transfer). With NCCL a collective returns once it
-is enqueued on the GPU: what is timed is the enqueue only. Collectives issued from C++ (DistributedDataParallel's
-gradient all-reduce, waited for inside backward) are not seen: that wait stays in the step's compute."""
+all_gather, broadcast, barrier, ..., and a pipeline's point-to-point send and recv), or `Work.wait()` on an
+asynchronous one (isend, irecv, batch_isend_irecv: what torch.distributed.pipelining's schedules wait on). With gloo
+the CPU waits there for the slowest peer, so this is the rank's wait for its peers (plus the transfer). With NCCL a
+collective returns once it is enqueued on the GPU: what is timed is the enqueue only. Collectives issued from C++
+(DistributedDataParallel's gradient all-reduce, waited for inside backward) are timed by the backward probe."""
 
 from __future__ import annotations
 
@@ -14,8 +15,8 @@ if TYPE_CHECKING:
 
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "all_gather_object", "all_to_all",
                "all_to_all_single", "barrier", "broadcast", "broadcast_object_list", "gather", "gather_object",
-               "monitored_barrier", "reduce", "reduce_scatter", "reduce_scatter_tensor", "scatter",
-               "scatter_object_list")
+               "monitored_barrier", "recv", "recv_object_list", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+               "scatter", "scatter_object_list", "send", "send_object_list")
 
 
 class CollectivesProbe(Probe):

@@ -3,6 +3,7 @@ saturated KV cache, and requests that wait while the GPUs under them idle. Group
 
 from __future__ import annotations
 
+from ..objectives import unjudged as unjudged_matchers
 from ..settings import RulesSettings
 from .alert import Alert
 
@@ -14,6 +15,24 @@ def _burn(windows: list[str], rate: float) -> str:
     """Both windows burn the error budget at least `rate` times as fast as the objective allows."""
     return "\nand\n".join(f"workload:goodput_inference_slo_error_ratio:rate{w}\n  > {rate:g} * {_BUDGET}"
                           for w in reversed(windows))
+
+
+def _unmeasured(s: RulesSettings) -> str:
+    """A model's objective that nothing judges (no bucket at or below its threshold; no histogram for it at all),
+    unless the settings declare that its engine (or the model) does not judge it: the objective is then known to be
+    unwatched, and paging on it for as long as the model serves would only teach the team to silence the alert."""
+    short = s.windows[0]
+    judged = f"workload:goodput_inference_slo_requests:rate{short}"
+    unjudged = f"workload:goodput_inference_slo_unjudged_requests:rate{short}"
+    declared = unjudged_matchers(s)
+
+    def unless(record: str) -> str:
+        return "".join(f"\n  unless {record}{{{matchers}}}" for matchers in declared)
+
+    met = f"workload:goodput_inference_slo_met_requests:rate{short}"
+    if not declared:
+        return f"(\n  {judged} > 0\n  unless\n  {met}\n)\nor\n{unjudged} > 0"
+    return f"(\n  {judged} > 0\n  unless\n  {met}{unless(judged)}\n)\nor\n({unjudged} > 0{unless(unjudged)}\n)"
 
 
 def alerts(s: RulesSettings) -> list[Alert]:
@@ -35,9 +54,7 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"last {slow[0]}: more than {s.inference_slo_slow_burn_rate:g}x the budget's rate."),
         Alert(
             "GoodputInferenceSLOUnmeasured", "inference-slo-unmeasured.md", "warning",
-            f"(\n  workload:goodput_inference_slo_requests:rate{short} > 0\n"
-            f"  unless\n  workload:goodput_inference_slo_met_requests:rate{short}\n)\n"
-            f"or\nworkload:goodput_inference_slo_unjudged_requests:rate{short} > 0",
+            _unmeasured(s),
             s.inference_slo_unmeasured_for,
             "A served model's latency objective cannot be judged: its engine has no histogram or no bucket for it.",
             f"{_WHO} serves requests, but nothing judges its {{{{ $labels.objective }}}} objective: its engine "
