@@ -1,9 +1,9 @@
 """Command line: `goodput-exporter [serve] [flags]`, `captures`, `version`, and the build tools' commands.
 
-The runtime has four commands of its own (`health` is the node health check schedulers run, `captures` lists the daemon's captures from its index). The build tools
-(the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`, `config-doc`, `diagnose`) add theirs through the
-`goodput_exporter.commands` entry points, so they work wherever the mixin is installed and the runtime never
-imports it.
+The runtime has four commands of its own (`health` is the node health check schedulers run, `captures` lists the
+daemon's captures from its index). The build tools (the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`,
+`config-doc`, `diagnose`) add theirs through the `goodput_exporter.commands` entry points, so they work wherever the
+mixin is installed and the runtime never imports it.
 
 `serve` exits with 0 when stopped (SIGTERM, SIGINT), EXIT_LISTEN_FAILED (1) when web.listen_address cannot be bound,
 EXIT_CONFIG (2) on a configuration error, and EXIT_SOCKET_IN_USE (3) when the events socket (ingest.socket_path) is

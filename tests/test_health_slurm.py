@@ -301,6 +301,7 @@ def test_a_drain_set_by_a_person_is_never_resumed(cluster: Cluster) -> None:
 def test_dry_run_changes_nothing_but_counts_and_logs(cluster: Cluster) -> None:
     c = cluster
     c.settings(dry_run=True)
+    c.after_checks(3)  # no check still running with the settings before
     c.gpus.fail_row_remap(0)  # replace: drains at once, no checkpoint wait
     try:
         until("the dry-run decision", lambda: c.counts().get("drain|row_remap_failure|true"), 15)
@@ -320,6 +321,7 @@ def test_the_breaker_refuses_a_drain_past_its_share_and_says_why(cluster: Cluste
     c = cluster
     # the other node already drained by goodput: one of two; draining this one too would pass 50%
     c.run("scontrol", "update", f"nodename={FAKE}", "state=DRAIN", "reason=goodput: GPU 3 (GPU-x) xid_79")
+    c.after_checks(1)
     c.gpus.fail_row_remap(0)
     try:
         until("the refusal", lambda: c.counts().get("refuse|breaker|false"), 15)

@@ -238,7 +238,7 @@ def drained_share(config: HealthConfig) -> tuple[int, int]:
     out = _run([config.sinfo, "--noheader", "--Node", "--format=%N|%E|%T"], config.timeout)
     nodes: dict[str, bool] = {}
     for line in out.splitlines():
-        name, reason, node_state_ = (line.split("|") + ["", ""])[:3]
+        name, reason, node_state_ = ([*line.split("|"), "", ""])[:3]
         ours = reason.startswith(REASON_PREFIX) and ("drain" in node_state_.lower())
         nodes[name] = nodes.get(name, False) or ours
     return sum(nodes.values()), len(nodes)
@@ -345,6 +345,7 @@ def run(config: HealthConfig) -> tuple[int, str]:
             decision = Decision("unknown", "daemon_unreachable", f"goodput: cannot read the daemon at "
                                 f"{config.daemon_url}: {exc.__class__.__name__}")
             _record(config, memory, decision, config.node)
+            memory["last_run"] = time.time()
             state.write(config.state_file, memory)
             return UNKNOWN_STATUS, decision.message
         findings = assess(reading, memory, config)
@@ -369,12 +370,8 @@ def run(config: HealthConfig) -> tuple[int, str]:
         _record(config, memory, decision, config.node)
         memory["last_run"] = reading.now
         state.write(config.state_file, memory)
-    if decision.action == "drain" or (decision.action == "none" and (ours or theirs) and decision.level >= DRAIN):
-        status = NONOK_STATUS
-    elif decision.action == "refuse":
-        status = NONOK_STATUS
-    else:
-        status = OK_STATUS
+    drained = decision.action == "none" and (ours or theirs) and decision.level >= DRAIN
+    status = NONOK_STATUS if decision.action in ("drain", "refuse") or drained else OK_STATUS
     return status, decision.message
 
 

@@ -20,7 +20,7 @@ class HealthSource(Source):
         if data.get("last_run") is None:
             return batch
         for key, count in sorted(data.get("counts", {}).items()):
-            action, reason, dry_run = (key.split("|") + ["", "", ""])[:3]
+            action, reason, dry_run = ([*key.split("|"), "", "", ""])[:3]
             batch.add(c.ACTIONS, (action, reason, dry_run), float(count))
         batch.add(c.PENDING, (), 1.0 if data.get("pending") else 0.0)
         batch.add(c.LAST_RUN, (), float(data["last_run"]))
