@@ -63,7 +63,7 @@ class Finding:
         return LEVELS[self.level]
 
     def describe(self) -> str:
-        return f"GPU {self.gpu} ({self.uuid}) {self.reason}"
+        return f"GPU {self.gpu} {self.reason} ({self.uuid})"  # the cause first: NPD keeps 80 characters
 
 
 # the reasons, their level and what they mean: the runbook's and docs' table (docs/health.md)
