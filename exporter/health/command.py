@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
@@ -335,9 +336,12 @@ def _record(config: HealthConfig, memory: dict[str, Any], decision: Decision, no
             handle.write(line + "\n")
 
 
-def run(config: HealthConfig) -> tuple[int, str]:
-    """One health check: (exit status, message)."""
+def run(config: HealthConfig, reload: Callable[[], HealthConfig] | None = None) -> tuple[int, str]:
+    """One health check: (exit status, message). `reload`: read the settings again once the state file's lock is held
+    (slurmd may start a check while another still runs: the waiting one acts on the settings of when it acts)."""
     with state.locked(config.state_file):
+        if reload is not None:
+            config = reload()
         memory = state.read(config.state_file)
         try:
             reading = read_daemon(config)
@@ -387,7 +391,7 @@ def main(argv: list[str]) -> int:
         print(f"goodput: {config.scontrol} not found")
         return UNKNOWN_STATUS
     try:
-        status, message = run(config)
+        status, message = run(config, lambda: load_config(argv))
     except Exception as exc:
         status, message = UNKNOWN_STATUS, f"goodput: health check failed: {exc}"
     if config.mode != "slurm":
