@@ -14,8 +14,11 @@ REPEAT = "24h"
 
 
 def _new(series: str, window: str) -> str:
-    """Rose within the window, or appeared in it (a counter's first value is no increase)."""
-    return f"(increase({series}[{window}]) > 0 or ({series} unless {series} offset {window}))"
+    """Rose within the window, or appeared in it (a counter's first value is no increase). The appearance is held
+    for the window even when the series then stops (a GPU that fell off the bus is not seen after the daemon
+    restarts): `max_over_time`, not the instant series, which Prometheus lost 5m after its last sample while
+    MetricsQL's increase() (first value counted) held it: the engines differed by a level for the rest of the hour."""
+    return f"(increase({series}[{window}]) > 0 or (max_over_time({series}[{window}]) unless {series} offset {window}))"
 
 
 def risk_rules(s: RulesSettings) -> list[dict[str, object]]:
@@ -43,8 +46,10 @@ def risk_rules(s: RulesSettings) -> list[dict[str, object]]:
          f"sum without (xid) (({other} unless {other} offset {HOLD}) or increase({other}[{HOLD}])) >= bool 2"),
         ("gpu_flapping", WATCH, f"changes(goodput_gpu_up[{HOLD}]) > bool 0"),
         ("exporter_restarted", WATCH, f"resets(goodput_gpu_sampled_seconds_total[{HOLD}]) > bool 0"),
+        # 5% of the hour: a GPU's thermal counter ticks at a low rate when nothing is wrong (1% sat at the noise
+        # floor, so the level flickered, and Prometheus and vmalert read the flicker at different instants)
         ("thermal_throttling", WATCH,
-         f'rate(goodput_gpu_clock_throttle_seconds_total{{reason="thermal"}}[{HOLD}]) > bool 0.01'),
+         f'rate(goodput_gpu_clock_throttle_seconds_total{{reason="thermal"}}[{HOLD}]) > bool 0.05'),
         ("pcie_replays_rising", WATCH, f"increase(goodput_gpu_pcie_replays_total[{HOLD}]) > bool 100"),
         ("nvlink_errors_rising", WATCH,
          f"sum without (error_type) (increase(goodput_gpu_nvlink_errors_total[{HOLD}])) > bool 100"),
