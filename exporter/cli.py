@@ -26,7 +26,6 @@ from typing import Any
 from . import __version__
 from .config import Config, ConfigError, flag_name, load, settable_keys
 from .core.daemon import StartRefused
-from .core.http import bind
 
 log = logging.getLogger("exporter")
 
@@ -100,7 +99,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def serve(config: Config) -> int:
     from .assemble import build_daemon
     from .core.connections import ServerLimits, raise_open_files_limit
-    from .core.http import create_app, make_server
+    from .core.http import bind, create_app, make_server  # FastAPI: only for serve (health starts per check)
 
     setup_logging(config.log.level, config.log.format)
     raise_open_files_limit()  # before anything opens a file: the servers' connection budget is taken from it
