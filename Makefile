@@ -53,8 +53,10 @@ demo: deps venv
 lint: venv
 	$(BIN)/ruff check exporter client mixin tests bench
 
+# two workers, a test file each at a time (its module fixtures shared within it): the suite mostly waits on live
+# servers and jobs, which the second worker overlaps
 test: deps venv lint dashboard-schema
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n 2 --dist loadfile
 
 bench: deps venv
 	$(BIN)/python bench/run.py

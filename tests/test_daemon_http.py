@@ -25,7 +25,7 @@ def test_endpoints_and_landing_page() -> None:
         assert ready
         body = live.client.get("/readyz").json()
         assert body == {"ready": True, "sources": {"nvml": True, "fabric": True, "host": True, "ingest": True,
-                                                   "flight": True, "process": True}}
+                                                   "flight": True, "process": True, "health": True}}
         landing = live.client.get("/").text
         for link in ('href="metrics"', 'href="healthz"', 'href="readyz"'):
             assert link in landing
@@ -152,4 +152,4 @@ def test_disabled_source_is_not_run_or_reported() -> None:
         text = live.metrics()
         assert value(text, "goodput_exporter_source_up", source="host") is None
         assert live.client.get("/readyz").json()["sources"] == {
-            "nvml": True, "fabric": True, "ingest": True, "flight": True, "process": True}
+            "nvml": True, "fabric": True, "ingest": True, "flight": True, "process": True, "health": True}

@@ -267,7 +267,9 @@ def test_a_pending_row_remap_drains_the_node_after_the_next_checkpoint_then_resu
     # the job has not saved since: the drain waits
     until("the wait for a checkpoint", lambda: "wait|row_remap_pending|false" in c.counts(), 15)
     assert "DRAIN" not in c.state(), c.node_line()
-    assert "goodput_health_drain_pending 1" in _metric(c, "goodput_health_drain_pending")
+    # the daemon's health source reads the check's state file on its own interval
+    until("the daemon shows the drain pending",
+          lambda: "goodput_health_drain_pending 1" in _metric(c, "goodput_health_drain_pending"), 15)
     (c.work / "save").write_text("")
     until("the checkpoint", lambda: (c.work / "saved").exists(), 10)
     saved_at = float((c.work / "saved").read_text())
