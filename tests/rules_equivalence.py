@@ -425,6 +425,7 @@ def fleet(t0: int) -> list[Series]:
         _fabric(f, node, target, lambda s, node=node: (1 - idle(node, 0, s)) * (1.0 if node < 2 else 0.2))
 
     _training(f, nodes[0], nodes[1], finetune)
+    _pipelines(f, nodes[2])
     _serving(f, nodes[2])
     return f.series
 
@@ -546,6 +547,31 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
         f.events(node1, "goodput_step_time_shifts_total", {**w, "direction": "up"}, [30 * 60 + 5 * r],
                  present=finetune)
         f.events(node1, "goodput_step_time_shifts_total", {**w, "direction": "down"}, [], present=finetune)
+
+
+def _pipelines(f: Fleet, node: Target) -> None:
+    """Two more jobs a step a second, all hour: `pipeline`, two stages of two replicas (their roles), the last stage
+    computing twice as long by construction (the stage-imbalance ticket), its bubbles untracked, its collectives timed
+    on the GPU (NCCL's durations: the GPU-side wait); and `shuffled`, four ranks each waiting half of every step for
+    another in turn (the random-kind ticket)."""
+    for name, ranks in (("pipeline", 4), ("shuffled", 4)):
+        for r in range(ranks):
+            w = {"workload": name, "rank": str(r)}
+            stage = r % 2
+            shares = ({"compute": 0.25 * (1 + stage), "comm_wait": 0.5 - 0.25 * stage, "untracked": 0.25}
+                      if name == "pipeline" else {"compute": 0.5, "comm_wait": 0.5})
+            for phase in PHASES:
+                share = shares.get(phase, 0.0)
+                f.counter(node, "goodput_phase_seconds_total", {**w, "phase": phase}, lambda s, v=share: v)
+            for metric in ("goodput_elapsed_seconds_total", "goodput_step_duration_seconds_sum"):
+                f.counter(node, metric, w, lambda s: 1.0)
+            for metric in ("goodput_steps_total", "goodput_step_duration_seconds_count"):
+                f.counter(node, metric, w, lambda s: 1.0, integer=True)
+            if name == "pipeline":
+                f.gauge(node, "goodput_rank_role_info",
+                        {**w, "pipeline_stage": str(stage), "data_parallel_rank": str(r // 2)}, lambda s: 1.0)
+                f.counter(node, "goodput_collective_duration_seconds_sum", {**w, "pg": "0", "op": "all_reduce"},
+                          lambda s, stage=stage: 0.2 - 0.1 * stage)
 
 
 def _label_sets(engine: Engine, native: Native, model: str) -> list[tuple[dict[str, str], float]]:

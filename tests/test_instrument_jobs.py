@@ -282,7 +282,10 @@ def test_a_job_that_also_reports_explicitly_is_counted_once(runs: Runs) -> None:
         phases = _adds_up(text, explicit.workload, rank)
         assert own["comm_wait_inner"] - eps <= phases["comm_wait"] <= own["comm_wait_outer"] + eps
         assert phases["comm_wait"] >= 6 * 0.02  # the waits no probe saw
-        assert phases["compute"] <= own["step_outer"] - own["comm_wait_inner"]
+        # the automatic compute: the steps less the explicit comm_wait, and the time from the optimizer's construction
+        # (where training starts) to the loop, its barrier included (a wait the explicit reporter, which claims
+        # comm_wait, did not time: milliseconds on a loaded machine)
+        assert phases["compute"] <= own["step_outer"] - own["comm_wait_inner"] + own["before_loop"]
 
 
 def test_hugging_face_trainer_with_gradient_accumulation(runs: Runs) -> None:

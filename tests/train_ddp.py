@@ -59,6 +59,7 @@ def main() -> None:
         telemetry.dump_flight_recorder(os.environ["FR_DIR"], interval=0.2)
     model = torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    built = time.perf_counter()  # under goodput-instrument, training (its first window) starts here
     loader = DataLoader(Numbers(rank), batch_size=4, num_workers=0)
     # Each span is measured twice by the loop itself: inside the `with` (a lower bound of what the
     # client times) and around it (an upper bound), so the test can check the report exactly.
@@ -69,6 +70,7 @@ def main() -> None:
     # start the loop together: a rank that set up faster would otherwise wait out the other's start-up
     # in its first all-reduce, which on a loaded machine can outweigh the slow rank's data waits
     dist.barrier()
+    measured["before_loop"] = time.perf_counter() - built
     for _ in range(STEPS):
         step_outer = time.perf_counter()
         with telemetry.step() if STEP_BLOCK else contextlib.nullcontext(Batch()) as step:

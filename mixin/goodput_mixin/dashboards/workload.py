@@ -197,6 +197,19 @@ def build(names: Names) -> Dashboard:
         "silicon) and host.",
         "none", [(f"{names.rule('workload_rank', 'goodput_straggler_ratio', 'rate')}{f()}", rank)]))
     d = d.with_panel(timeseries_panel(
+        "Slowdown from stragglers", "The step time over the step time the job would have with every rank at its "
+        "stage's typical speed (1 = none). A pipeline stage slower by construction does not count (its ranks are "
+        "compared with each other); uneven work that makes a different rank the slowest at each step barely shows "
+        "here (GoodputStragglerRandom).",
+        "none", [(f"{names.rule('workload', 'goodput_straggler_slowdown_ratio', 'rate')}{f()}", "{{workload}}")]))
+    d = d.with_panel(timeseries_panel(
+        "GPU time lost to stragglers", "GPUs' worth of time the job loses waiting for its stragglers (GPU-seconds "
+        "a second: ranks x (1 - 1/slowdown)), and what each culprit rank would give back at its stage's typical "
+        "speed.",
+        "none", [(f"{names.rule('workload', 'goodput_straggler_lost_gpu_seconds', 'rate')}{f()}", "{{workload}}"),
+                 (f"{names.rule('workload_rank', 'goodput_straggler_lost_gpu_seconds', 'rate')}{f()}",
+                  f"{rank} on {{{{{s.node_label}}}}}")]))
+    d = d.with_panel(timeseries_panel(
         "Step time p95 per rank", "95th percentile of step time per rank, from the step histogram. Far above the "
         "mean means occasional slow steps (checkpoints, garbage collection, data hiccups).",
         "s", [(f"histogram_quantile(0.95, sum by (le, workload, rank) "

@@ -274,12 +274,34 @@ def _goodput(phases: str, w: str) -> list[Rule]:
     ]
 
 
+OWN_STAGE = "workload_stage:goodput_step_own_seconds:median"
+
+
+def staged(s: RulesSettings, own: str) -> str:
+    """Each rank's own time per step with its pipeline stage (`pipeline_stage`, from goodput_rank_role_info) where the
+    job reported its role; without a role, as it is (no stage label: the whole workload is its stage)."""
+    c, n = s.cluster_label, s.node_label
+    rank = f"{c}, {n}, workload, rank"
+    return (f"(\n    {own}\n    * on ({rank}) group_left (pipeline_stage)\n"
+            f"    max by ({rank}, pipeline_stage) (goodput_rank_role_info)\n  or on ({rank})\n    {own}\n  )")
+
+
 def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
+    """The typical own time per step of each stage (its ranks' median; ranks without a role: the workload's), and
+    each rank's own time over its stage's: a pipeline's last stage, slower by construction, is compared with itself,
+    not with the faster stages (which would page all its ranks). Of a stage of two ranks (two replicas of a
+    pipeline, a 2-rank job) the typical is the faster one's: their median is their mean, against which a rank three
+    times slower than its peer reads only 1.5."""
     c = s.cluster_label
+    typical = f"{OWN_STAGE}{w}"
+    by = f"{c}, workload, pipeline_stage"
+    ranks = staged(s, own)
     return [
+        {"record": typical,
+         "expr": f"(\n  quantile by ({by}) (0.5,\n  {ranks}\n  )\n  and on ({by})\n"
+                 f"  count by ({by}) (\n  {ranks}\n  ) > 2\n)\nor\nmin by ({by}) (\n  {ranks}\n)"},
         {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
-         "expr": f"{own}\n  / on ({c}, workload) group_left ()\n"
-                 f"    (quantile by ({c}, workload) (0.5, {own}) > 0)"},
+         "expr": f"{staged(s, own)}\n/ on ({c}, workload, pipeline_stage) group_left ()\n  ({typical} > 0)"},
         {"record": f"workload:goodput_straggler_ratio:rate{w}",
          "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
     ]
@@ -337,23 +359,111 @@ def _step_shift(s: RulesSettings) -> list[Rule]:
             kind("regression", ">", "unless")]
 
 
+COLLECTIVE_SECONDS = "workload_pg_rank:goodput_collective_seconds:rate"
+COLLECTIVE_WAIT = "workload_rank:goodput_collective_wait_seconds:rate"
+STEP_WAIT = "workload_rank:goodput_step_wait_seconds:mean"
+
+
+def _collective_wait(s: RulesSettings) -> list[Rule]:
+    """Each rank's GPU-side wait in collectives, from the durations NCCL times (TORCH_NCCL_ENABLE_TIMING; gloo
+    times none, and then there is none). NCCL returns to the CPU once a collective is enqueued, so the CPU's
+    comm_wait sees almost nothing of it: the GPU waits, in the collective's kernel, for the last rank to arrive. A
+    collective takes the last-arriving rank only its transfer, and every other rank that plus its wait; so over the
+    window, per process group, a rank's time in collectives beyond the least of the group's ranks is its wait, summed
+    over its groups. A lower bound when the last arrival changes from one collective to the next (the least
+    total then holds waits too). One series per rank, process group and op is read (the durations' sums), across
+    nodes (each rank's on its own node)."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    seconds_ = f"{COLLECTIVE_SECONDS}{w}"
+    return [
+        {"record": seconds_,
+         "expr": f"sum by ({c}, {n}, workload, pg, rank) (rate(goodput_collective_duration_seconds_sum[{w}]))"},
+        {"record": f"{COLLECTIVE_WAIT}{w}",
+         "expr": f"sum by ({c}, {n}, workload, rank) (\n  {seconds_}\n"
+                 f"  - on ({c}, workload, pg) group_left ()\n  min by ({c}, workload, pg) ({seconds_})\n)"},
+    ]
+
+
 def _straggler(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
+    wait = f"{STEP_WAIT}{w}"
     by = f"{c}, {n}, workload, rank"
+    steps = f"(sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)"
     return [
-        # In synchronous training every rank's step lasts as long as the slowest one's (they all
-        # meet in the all-reduce), so the straggler is found by its own time per step: every phase
-        # but comm_wait. It waits least because everyone waits for it. Jobs that report no phases
-        # fall back to their step time. Every phase but comm_wait is the rank's elapsed time less
-        # its comm_wait (the daemon publishes the phases, untracked included, and their sum together):
-        # two series a rank rather than nine (reading the nine took 0.35 to 1.3 s at 10,000 GPUs).
+        # What a rank waits in collectives per step: the larger of its comm_wait (the CPU waited: gloo, DDP's hooks)
+        # and its GPU-side wait (NCCL, goodput.collective_wait). The two are set apart by a label for the max.
+        {"record": wait,
+         "expr": f"max by ({by}) (\n"
+                 f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
+                 f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}'},
+        # In synchronous training every rank's step lasts as long as the slowest one's (they all meet in the
+        # collectives), so the straggler is found by its own time per step: what it neither waits in collectives
+        # nor leaves unmeasured. It waits least because everyone waits for it. What stays unmeasured (`untracked`:
+        # a pipeline's bubbles, a wait no probe saw) is never its own time. Read as its elapsed time less its
+        # untracked time (in one sum: `or` keeps both, untracked negated; none reported counts 0), per step, less
+        # its wait: three series a rank rather than nine (reading the nine took 0.35 to 1.3 s at 10,000 GPUs).
+        # Jobs that report no phases fall back to their step time. Under NCCL the own time holds the transfer (the
+        # CPU sees neither it nor the wait; the GPU-side wait is beyond the last arrival's time), alike on every
+        # rank. A wait counted both as untracked and on the GPU is taken once too often: floored at 0.
         {"record": own,
-         "expr": f"(\n  sum by ({by}) (rate(goodput_elapsed_seconds_total[{w}]))\n"
-                 f'  - sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n)\n'
-                 f"  / (sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)\n"
-                 f"or\n{step}"},
+         "expr": f"clamp_min(\n  sum by ({by}) (\n    rate(goodput_elapsed_seconds_total[{w}])\n    or\n"
+                 f'    -rate(goodput_phase_seconds_total{{phase="untracked"}}[{w}])\n  )\n  / {steps}\n'
+                 f"  - {wait},\n  0\n)\nor\n{step}"},
+    ]
+
+
+STRAGGLER_COST = "workload_rank:goodput_straggler_cost_ratio:rate"
+STRAGGLER_LOST = "workload_rank:goodput_straggler_lost_gpu_seconds:rate"
+
+
+def _straggler_cost(s: RulesSettings) -> list[Rule]:
+    """What stragglers cost each workload: the what-if of ByteDance's analysis (OSDI 2025), S = T_actual / T_ideal,
+    with T_ideal the step time were every rank as fast as its stage's typical rank. A step lasts as long as its
+    slowest rank's own time plus the collectives' transfer; so T_ideal = T - (O_max - M_max): the step time (the
+    workload's longest mean step) less how far the slowest rank's own time is above the typical own time of the
+    slowest stage (the median of its ranks; without roles, of every rank).
+    - One slow rank in plain DDP: O_max is that rank's, M_max every other rank's: the whole gap is lost.
+    - A pipeline with one stage slower by construction: O_max is that stage's typical rank's, M_max the same: no
+      straggler cost (the imbalance is the job's design: workload:goodput_stage_imbalance_ratio and a ticket).
+    - Random imbalance, the slowest rank changing from step to step: each rank's mean own time is alike, so
+      O_max ~ M_max and S ~ 1, though each step lasts as long as that step's slowest rank. Means over a window
+      cannot tell that from a slow network: what it costs is bounded by the share of its step that even the rank
+      that waits least spends waiting (workload:goodput_step_wait_min_ratio), and the random kind is ticketed on
+      that bound.
+    Lost GPU-seconds per second are ranks x (1 - 1/S) = ranks x (O_max - M_max) / T. Each culprit (a rank over
+    straggler_ratio times its stage's median) is charged its own gap the same way: the share of the job's GPU time
+    and the GPU-seconds it would give back alone (with its node and stage labels: the owner to call)."""
+    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    own = f"workload_rank:goodput_step_own_seconds:mean{w}"
+    typical = f"{OWN_STAGE}{w}"
+    step = f"max by ({c}, workload) (workload_rank:goodput_step_duration_seconds:mean{w})"
+    gap = f"(\n  max by ({c}, workload) ({own})\n  - max by ({c}, workload) ({typical})\n)"
+    ranks = f"count by ({c}, workload) ({own})"
+    cost = f"{STRAGGLER_COST}{w}"
+    staged_typical = f'{typical}{{pipeline_stage!=""}}'
+    return [
+        {"record": f"workload:goodput_straggler_slowdown_ratio:rate{w}",
+         "expr": f"{step}\n/ (\n  {step}\n  - {gap}\n  > 0\n)"},
+        {"record": f"workload:goodput_straggler_lost_gpu_seconds:rate{w}",
+         "expr": f"{ranks}\n* {gap}\n/ ({step} > 0)"},
+        {"record": cost,
+         "expr": f"(workload_rank:goodput_straggler_ratio:rate{w} > {s.straggler_ratio:g}) * 0\n"
+                 f"+ on ({c}, {n}, workload, rank) group_left ()\n(\n  {own}\n"
+                 f"  - on ({c}, workload) group_left ()\n  max by ({c}, workload) ({typical})\n)\n"
+                 f"/ on ({c}, workload) group_left ()\n({step} > 0)"},
+        {"record": f"{STRAGGLER_LOST}{w}",
+         "expr": f"{cost}\n* on ({c}, workload) group_left ()\n{ranks}"},
+        # pipelines: the slowest stage's typical own time over the mean stage's (1 when balanced)
+        {"record": f"workload:goodput_stage_imbalance_ratio:rate{w}",
+         "expr": f"max by ({c}, workload) ({staged_typical})\n/ avg by ({c}, workload) ({staged_typical})\n"
+                 f"and on ({c}, workload)\ncount by ({c}, workload) ({staged_typical}) > 1"},
+        # the share of its step that the rank waiting least spends waiting in collectives: near the transfer alone
+        # when one rank is slow (it waits for nobody), high when every rank waits for another in turn (or the
+        # network is slow: the runbook tells them apart)
+        {"record": f"workload:goodput_step_wait_min_ratio:rate{w}",
+         "expr": f"min by ({c}, workload) ({STEP_WAIT}{w})\n/ ({step} > 0)"},
     ]
 
 
@@ -743,10 +853,12 @@ def recording_groups(s: RulesSettings) -> list[Group]:
                  _node_health(s)),
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
+        {"name": "goodput.collective_wait", "rules": _collective_wait(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.step_shift", "interval": s.slow_groups_interval, "rules": _step_shift(s)},
         {"name": "goodput.straggler_ratio",
          "rules": _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])},
+        {"name": "goodput.straggler_cost", "rules": _straggler_cost(s)},
         *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),
         {"name": "goodput.collective", "rules": _collective(s)},
         {"name": "goodput.collective_missing", "rules": _collective_missing(s)},

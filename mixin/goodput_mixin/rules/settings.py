@@ -158,6 +158,16 @@ class RulesSettings(BaseModel):
     straggler_ratio: float = Field(
         1.5, gt=1, description="GoodputStraggler: a rank's own time per step over the median rank's.")
     straggler_for: str = Field("10m", description="GoodputStraggler: for how long.")
+    stage_imbalance_ratio: float = Field(
+        1.3, gt=1, description="GoodputStageImbalance: the slowest pipeline stage's typical own time per step (the "
+        "median of its ranks') over the mean of every stage's (workloads that report their ranks' roles, "
+        "goodput_rank_role_info, with two stages or more).")
+    stage_imbalance_for: str = Field("30m", description="GoodputStageImbalance: for how long.")
+    straggler_random_wait_ratio: float = Field(
+        0.3, gt=0, lt=1, description="GoodputStragglerRandom: share of the step that even the rank that waits least "
+        "spends waiting in collectives (the larger of its comm_wait and its GPU-side wait), with no rank slower than "
+        "straggler_ratio times its stage's median: every rank waits for another in turn.")
+    straggler_random_for: str = Field("30m", description="GoodputStragglerRandom: for how long.")
     step_shift_window: str = Field(
         "15m", description="workload:goodput_step_time_shift:info: how long a lasting shift up of a rank's step time "
         "(goodput_step_time_shifts_total, the daemon's change detector) counts. Within it, shifts on more than half "
@@ -335,7 +345,8 @@ class RulesSettings(BaseModel):
                      "goodput_trend_window", "goodput_drop_for", "wasted_progress_window", "mfu_drop_for",
                      "forecast_stale_window", "forecast_interruption_cost", "forecast_best_memory",
                      "deadline_at_risk_for",
-                     "idle_while_allocated_for", "straggler_for", "step_shift_window", "rank_missing_for",
+                     "idle_while_allocated_for", "straggler_for", "stage_imbalance_for", "straggler_random_for",
+                     "step_shift_window", "rank_missing_for",
                      "throttle_for", "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "cluster_not_reporting_window",
                      "cluster_not_reporting_for", "fabric_link_down_for",

@@ -13,9 +13,13 @@ with no node.
 
 from __future__ import annotations
 
-from ..recording import COLLECTIVE_MISSING, with_pod
+from ..recording import COLLECTIVE_MISSING, OWN_STAGE, STRAGGLER_COST, STRAGGLER_LOST, with_pod
 from ..settings import RulesSettings
+from ..verdict import CANDIDATE
 from .alert import Alert
+
+# the verdict's findings that explain waits in collectives better than uneven work (GoodputStragglerRandom holds off)
+NETWORK_FAULTS = ("rank_missing", "collective_hang", "fabric_errors", "fabric_congestion")
 
 
 def _ranks_of(s: RulesSettings, record: str) -> str:
@@ -33,9 +37,29 @@ def _waiting(s: RulesSettings) -> str:
             "{{ end }}")
 
 
+def _cost(s: RulesSettings) -> str:
+    """What the rank costs its job (a query in the template): the share of the job's GPU time and the GPU-hours a
+    day it would give back at its stage's typical speed."""
+    c, w = s.cluster_label, s.windows[0]
+    rank = f"{{{c}=%q,workload=%q,rank=%q}}\" $labels.{c} $labels.workload $labels.rank"
+    return (f' {{{{ with printf "{STRAGGLER_COST}{w}{rank} | query }}}}It costs the job '
+            "{{ . | first | value | humanizePercentage }} of its GPU time"
+            f'{{{{ with printf "24 * {STRAGGLER_LOST}{w}{rank} | query }}}}: '
+            '{{ . | first | value | printf "%.0f" }} GPU-hours a day{{ end }}.{{ end }}')
+
+
+def _slowest_stage(s: RulesSettings) -> str:
+    """The slowest stage of the alert's workload (a query in the template), followed by a space."""
+    c, w = s.cluster_label, s.windows[0]
+    return (f'{{{{ range printf "topk(1, {OWN_STAGE}{w}{{{c}=%q,workload=%q,pipeline_stage!=\\"\\"}})" $labels.{c} '
+            "$labels.workload | query }}{{ .Labels.pipeline_stage }} {{ end }}")
+
+
 def alerts(s: RulesSettings) -> list[Alert]:
     short = s.windows[0]
     c, node = s.cluster_label, s.node_label
+    stage = "{{ with $labels.pipeline_stage }}, pipeline stage {{ . }}{{ end }}"
+    of_stage = "{{ with $labels.pipeline_stage }} of its stage{{ end }}"
     pod = "{{ with $labels.pod }}, pod {{ $labels.namespace }}/{{ . }}{{ end }}"
     hung = (f"goodput_collective_oldest_inflight_seconds > {s.collective_hang_seconds:g}\n"
             f"and on ({c}, {node}, workload, rank)\n"
@@ -47,9 +71,32 @@ def alerts(s: RulesSettings) -> list[Alert]:
             s.straggler_for,
             "One rank of a training workload is much slower than the others.",
             f"Rank {{{{ $labels.rank }}}} of workload {{{{ $labels.workload }}}} "
-            f"(node {{{{ $labels.{node} }}}}{pod}) "
-            "spends {{ $value | printf \"%.2f\" }}x the median rank's time per step outside collectives; every other "
-            "rank waits for it.",
+            f"(node {{{{ $labels.{node} }}}}{pod}{stage}) "
+            "spends {{ $value | printf \"%.2f\" }}x the time per step outside collectives of the median rank"
+            f"{of_stage}; every other rank waits for it.{_cost(s)}",
+            per_workload=True),
+        Alert(
+            "GoodputStageImbalance", "stage-imbalance.md", "warning",
+            f"workload:goodput_stage_imbalance_ratio:rate{short} > {s.stage_imbalance_ratio:g}",
+            s.stage_imbalance_for,
+            "One pipeline stage of a training workload is slower than the others by construction.",
+            f"Pipeline stage {_slowest_stage(s)}of workload {{{{ $labels.workload }}}} takes "
+            "{{ $value | printf \"%.2f\" }}x the mean stage's time per step outside collectives, on all of its "
+            "ranks alike: the other stages wait for it in every step. Rebalance the layers between stages (no node is "
+            "at fault).",
+            per_workload=True),
+        Alert(
+            "GoodputStragglerRandom", "straggler-random.md", "warning",
+            f"workload:goodput_step_wait_min_ratio:rate{short} > {s.straggler_random_wait_ratio:g}\n"
+            f"and on ({c}, workload)\n  workload:goodput_straggler_ratio:rate{short} <= {s.straggler_ratio:g}\n"
+            f"unless on ({c}, workload)\n  count by ({c}, workload) ({OWN_STAGE}{short}{{pipeline_stage!=\"\"}}) > 1\n"
+            f"unless on ({c}, workload)\n  {CANDIDATE}{{reason=~\"{'|'.join(NETWORK_FAULTS)}\"}}",
+            s.straggler_random_for,
+            "Every rank of a training workload waits for another in turn: the slowest rank changes from step to step.",
+            "Even the rank of workload {{ $labels.workload }} that waits least spends "
+            "{{ $value | humanizePercentage }} of its step waiting in collectives, and no rank is persistently slower "
+            "than the others: each step waits for a different rank (uneven batches or sequence lengths), or the "
+            "network itself is slow (no fault on its fabric was found).",
             per_workload=True),
         Alert(
             "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
