@@ -22,8 +22,12 @@ Every figure is the daemon's lifetime counters' last value or a gauge (no range 
 goodput's memory), so a Prometheus restart loses nothing but the evaluations it missed. A workload with no target
 (goodput_target_step_number) or no step within forecast_stale_window has no forecast: absent, never 0 or a huge one.
 
-Groups, each evaluated every slow_groups_interval: the raw series read once (progress, then the lifetime history),
-the cluster's rate, then the per-workload chain (a few hundred series, whatever the GPU count).
+Groups, each evaluated every slow_groups_interval, three levels deep: the raw series read once (progress, then the
+lifetime history), the estimates from those (a few hundred series, whatever the GPU count), the finish figures from the
+estimates. No rule reads a record of its own group: vmalert reads recorded series back from its store, where a result
+of the same evaluation is not yet visible, so each link of a chain inside a group came an evaluation later (with 5 s
+groups the P90 and the finish dates were 30-40 s behind a job's start, past the live test's run; with 1m groups,
+minutes). Prometheus sees a group's earlier rules at once; both see another group's after at most an evaluation.
 """
 
 from __future__ import annotations
@@ -106,47 +110,72 @@ def _history(s: RulesSettings) -> list[Rule]:
     ]
 
 
-def _cluster(s: RulesSettings) -> list[Rule]:
+def _cluster_rate(s: RulesSettings) -> str:
+    """The cluster's interruptions per GPU-hour, from the history group's records."""
     c = s.cluster_label
     prior = 1 / s.forecast_interruptions_per_gpu_hour
-    return [
-        {"record": CLUSTER_RATE,
-         "expr": f"(sum by ({c}) ({RESTARTS}) + 1)\n/ (sum by ({c}) ({WALL}) / 3600 + {prior:g})"},
-    ]
+    return f"(sum by ({c}) ({RESTARTS}) + 1)\n/ (sum by ({c}) ({WALL}) / 3600 + {prior:g})"
 
 
-def _forecast(s: RulesSettings) -> list[Rule]:
+def _estimates(s: RulesSettings) -> list[Rule]:
+    """Level 2: each read only the raw groups' records (progress, history), never a record of its own group, so that
+    a ruler that reads recorded series back from its store (vmalert) sees them as soon as Prometheus does."""
     c = s.cluster_label
     prior_rate = 1 / s.forecast_interruptions_per_gpu_hour
-    lam = f"{RATE} * {RANKS} / 3600"  # interruptions per second of the workload's wall time
-    long = s.windows[-1]
-    goodput = f"workload:goodput_ratio:rate{long}"
+    remaining = f"clamp_min({TARGET} - {STEP}, 0)"
+    cluster_rate = _cluster_rate(s).replace("\n", "\n      ")
     return [
+        {"record": CLUSTER_RATE, "expr": _cluster_rate(s)},
         {"record": PROGRESS, "expr": f"clamp_max({STEP} / ({TARGET} > 0), 1)"},
-        {"record": REMAINING, "expr": f"clamp_min({TARGET} - {STEP}, 0)"},
+        {"record": REMAINING, "expr": remaining},
+        # the cluster's rate inline, not its record: a record of the same group is read back one evaluation late
         {"record": RATE,
-         "expr": f"({RESTARTS} + 1)\n/ (\n    {WALL} / 3600\n    + on ({c}) group_left ()\n      (1 / {CLUSTER_RATE})\n"
+         "expr": f"({RESTARTS} + 1)\n/ (\n    {WALL} / 3600\n    + on ({c}) group_left ()\n"
+                 f"      (1 / (\n      {cluster_rate}\n      ))\n"
                  f"  or\n    {WALL} / 3600 + {prior_rate:g}\n)"},
         {"record": COST,
          "expr": f"({LOST} + {seconds(s.forecast_interruption_cost)})\n/ ({RESTARTS} + 1)"},
         # no overhead figure (no step histogram yet): none
         {"record": UNINTERRUPTED,
-         "expr": f"{REMAINING} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
-        {"record": INTERRUPTIONS,
-         "expr": f"{UNINTERRUPTED} * {lam}\n/ (1 - ({lam} * {COST} < {MAX_LOAD:g}))"},
-        {"record": P50, "expr": f"{UNINTERRUPTED} + {INTERRUPTIONS} * {COST}"},
-        {"record": P90, "expr": f"{P50} + {Z90:g} * sqrt({INTERRUPTIONS}) * {COST}"},
-        {"record": FINISH_P50, "expr": f"time() + {P50}"},
-        {"record": FINISH_P90, "expr": f"time() + {P90}"},
-        {"record": GPU_HOURS_P50, "expr": f"{P50} * {RANKS} / 3600"},
-        {"record": GPU_HOURS_P90, "expr": f"{P90} * {RANKS} / 3600"},
-        # the best goodput it sustained over the long window: a running maximum, kept through a gap
-        {"record": best(s),
-         "expr": f"max by ({c}, workload) (\n  last_over_time({best(s)}[{s.forecast_best_memory}])\n  or\n"
-                 f"  {goodput}\n)"},
-        # the GPU-hours of its uninterrupted time left that its best goodput would not spend
+         "expr": f"{remaining} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
+        # the best goodput it sustained over the long window within the memory: kept through a gap shorter than it
+        # (a max_over_time of another record, not a running maximum reading its own: that would be a cycle)
+        {"record": best(s), "expr": _best_expr(s)},
+    ]
+
+
+def _best_expr(s: RulesSettings) -> str:
+    return f"max_over_time(workload:goodput_ratio:rate{s.windows[-1]}[{s.forecast_best_memory}])"
+
+
+def _finish(s: RulesSettings) -> list[Rule]:
+    """Level 3: from the estimates' records only. P50 = uninterrupted + interruptions x cost, with interruptions =
+    lambda x P50, is uninterrupted / (1 - lambda x cost); each figure is written out from the estimates rather than
+    read from another record of this group (vmalert would see that one an evaluation late, each link of a chain one
+    more: a finish date minutes behind its inputs and absent for as long after a job starts)."""
+    lam = f"{RATE} * {RANKS} / 3600"  # interruptions per second of the workload's wall time
+    load = f"(1 - ({lam} * {COST} < {MAX_LOAD:g}))"  # absent at or above MAX_LOAD
+    p50 = f"{UNINTERRUPTED}\n/ {load}"
+    interruptions = f"{UNINTERRUPTED} * {lam}\n/ {load}"
+    p90 = f"{p50}\n+ {Z90:g} * sqrt(\n  {interruptions.replace(chr(10), chr(10) + '  ')}\n) * {COST}"
+    goodput = f"workload:goodput_ratio:rate{s.windows[-1]}"
+
+    def times(expr: str, factor: str) -> str:
+        return f"(\n  {expr.replace(chr(10), chr(10) + '  ')}\n)\n{factor}"
+
+    return [
+        {"record": INTERRUPTIONS, "expr": interruptions},
+        {"record": P50, "expr": p50},
+        {"record": P90, "expr": p90},
+        {"record": FINISH_P50, "expr": f"time() + {times(p50, '')}".rstrip()},
+        {"record": FINISH_P90, "expr": f"time() + {times(p90, '')}".rstrip()},
+        {"record": GPU_HOURS_P50, "expr": times(p50, f"* {RANKS} / 3600")},
+        {"record": GPU_HOURS_P90, "expr": times(p90, f"* {RANKS} / 3600")},
+        # the GPU-hours of its uninterrupted time left that its best goodput would not spend (the best written out,
+        # not read from its record: the long-window goodput is itself deep in the rules' levels)
         {"record": BADPUT_GPU_HOURS,
-         "expr": f"clamp_min(\n  {UNINTERRUPTED} * {RANKS} / 3600\n  * (1 - {goodput} / ({best(s)} > 0)),\n  0\n)"},
+         "expr": f"clamp_min(\n  {UNINTERRUPTED} * {RANKS} / 3600\n  * (1 - {goodput} / ({_best_expr(s)} > 0)),\n"
+                 "  0\n)"},
     ]
 
 
@@ -155,6 +184,6 @@ def forecast_groups(s: RulesSettings) -> list[Group]:
     return [
         {"name": "goodput.forecast_progress", **interval, "rules": _progress(s)},
         {"name": "goodput.forecast_history", **interval, "rules": _history(s)},
-        {"name": "goodput.forecast_cluster", **interval, "rules": _cluster(s)},
-        {"name": "goodput.forecast", **interval, "rules": _forecast(s)},
+        {"name": "goodput.forecast_estimates", **interval, "rules": _estimates(s)},
+        {"name": "goodput.forecast", **interval, "rules": _finish(s)},
     ]

@@ -143,8 +143,9 @@ class RulesSettings(BaseModel):
         "has restarted (the prior of its own mean, worth one interruption): detecting the failure, rescheduling, "
         "and redoing the steps since the last checkpoint. Its measured start-up and checkpoint restore are added.")
     forecast_best_memory: str = Field(
-        "6h", description="Forecast: how long a workload's best sustained goodput (workload:goodput_ratio:best1h, a "
-        "running maximum of its 1h goodput) is remembered while it records none, e.g. across a Prometheus restart.")
+        "6h", description="Forecast: the window of a workload's best sustained goodput (workload:goodput_ratio:best1h, "
+        "the maximum of its 1h goodput over this window), which keeps it through a gap shorter than the window, e.g. "
+        "a Prometheus restart.")
     deadline_at_risk_for: str = Field(
         "30m", description="GoodputDeadlineAtRisk: for how long the P50 forecast of a workload's finish must pass its "
         "declared deadline.")
