@@ -11,7 +11,8 @@ DEMO_DIR ?= /tmp/goodput-exporter-demo
 DEMO_FAULTS ?=
 # Debian packages the tests and benchmarks run against (promtool, a live Prometheus and Alertmanager,
 # node_exporter as the latency yardstick, VictoriaMetrics and vmalert, iptables to cut a test job's fabric).
-APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics iptables
+# slurm-wlm and munge: a real one-node Slurm for the health check's tests (tests/test_health_slurm.py).
+APT_PACKAGES := prometheus prometheus-alertmanager prometheus-node-exporter victoria-metrics iptables slurm-wlm munge
 # Node.js and npm turn @grafana/schema's TypeScript types into the JSON schema the dashboard tests validate
 # against (make dashboard-schema); installed only where no node/npm is on the PATH.
 NODE_PACKAGES := nodejs npm
@@ -33,7 +34,8 @@ venv: $(BIN)/.installed
 deps:
 	@if ! command -v promtool >/dev/null || ! command -v prometheus-alertmanager >/dev/null \
 	    || ! command -v prometheus-node-exporter >/dev/null || ! command -v vmalert >/dev/null \
-	    || ! command -v iptables-legacy >/dev/null; then \
+	    || ! command -v iptables-legacy >/dev/null || ! command -v slurmctld >/dev/null \
+	    || ! command -v slurmd >/dev/null || ! command -v munged >/dev/null; then \
 	  echo "installing Debian packages: $(APT_PACKAGES)"; \
 	  $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq \
 	    --no-install-recommends $(APT_PACKAGES) >/dev/null; \

@@ -1,9 +1,9 @@
 """Command line: `goodput-exporter [serve] [flags]`, `captures`, `version`, and the build tools' commands.
 
-The runtime has three commands of its own (`captures` lists the daemon's captures from its index). The build tools
-(the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`, `config-doc`, `diagnose`) add theirs through the
-`goodput_exporter.commands` entry points, so they work wherever the mixin is installed and the runtime never
-imports it.
+The runtime has four commands of its own (`health` is the node health check schedulers run, `captures` lists the
+daemon's captures from its index). The build tools (the goodput-mixin distribution: `demo`, `rules`, `metrics-doc`,
+`config-doc`, `diagnose`) add theirs through the `goodput_exporter.commands` entry points, so they work wherever the
+mixin is installed and the runtime never imports it.
 
 `serve` exits with 0 when stopped (SIGTERM, SIGINT), EXIT_LISTEN_FAILED (1) when web.listen_address cannot be bound,
 EXIT_CONFIG (2) on a configuration error, and EXIT_SOCKET_IN_USE (3) when the events socket (ingest.socket_path) is
@@ -26,7 +26,6 @@ from typing import Any
 from . import __version__
 from .config import Config, ConfigError, flag_name, load, settable_keys
 from .core.daemon import StartRefused
-from .core.http import bind
 
 log = logging.getLogger("exporter")
 
@@ -36,7 +35,7 @@ EXIT_SOCKET_IN_USE = 3
 EXIT_STATUS = (f"exit status: 0 stopped, {EXIT_LISTEN_FAILED} web.listen_address cannot be bound, {EXIT_CONFIG} "
                f"configuration error, {EXIT_SOCKET_IN_USE} the events socket is served by a running process")
 
-BUILTIN = ("serve", "version", "captures")
+BUILTIN = ("serve", "version", "captures", "health")
 TOOLS_GROUP = "goodput_exporter.commands"
 TOOLS_HINT = ("the build tools' commands (demo, rules, metrics-doc, config-doc, diagnose) come with goodput-mixin: "
               "pip install ./mixin from the source tree")
@@ -100,7 +99,7 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 def serve(config: Config) -> int:
     from .assemble import build_daemon
     from .core.connections import ServerLimits, raise_open_files_limit
-    from .core.http import create_app, make_server
+    from .core.http import bind, create_app, make_server  # FastAPI: only for serve (health starts per check)
 
     setup_logging(config.log.level, config.log.format)
     raise_open_files_limit()  # before anything opens a file: the servers' connection budget is taken from it
@@ -158,10 +157,11 @@ def _load(entry: EntryPoint) -> Callable[[list[str]], int]:
 
 
 def _usage(tools: dict[str, EntryPoint]) -> str:
-    names = ("serve", "captures", *tools, "version")
+    names = ("serve", "captures", "health", *tools, "version")
     lines = [f"usage: goodput-exporter [{'|'.join(names)}] [flags]",
              "  serve (default)  run the node daemon; `goodput-exporter serve --help` lists its flags",
-             "  captures         list the captures the daemon asked ranks for (--dir DIR, --workload W, --json)"]
+             "  captures         list the captures the daemon asked ranks for (--dir DIR, --workload W, --json)",
+             "  health           node health check for Slurm and node-problem-detector: drain at GPU risk"]
     for name, entry in tools.items():
         try:
             doc = _load(entry).__doc__ or ""
@@ -197,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "version":
         print(__version__)
         return 0
+    if command == "health":
+        from .health.command import main as health_main
+
+        return health_main(argv)
     if command == "captures":
         from .captures_cli import main as captures_main
 

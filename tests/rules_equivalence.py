@@ -359,7 +359,9 @@ def fleet(t0: int) -> list[Series]:
                       present(lambda s: 0.0), integer=True)
             f.gauge(target, "goodput_gpu_row_remap_pending", g,
                     present(lambda s, ecc=ecc: 1.0 if ecc and s >= 16 * 60 else 0.0))
-            f.gauge(target, "goodput_gpu_row_remap_failure", g, present(lambda s: 0.0))
+            # node2's GPU 6 fails a row remap (no spare row) at 30m: the replace risk level
+            f.gauge(target, "goodput_gpu_row_remap_failure", g,
+                    present(lambda s, n=node, i=gpu: 1.0 if (n, i) == (2, 6) and s >= 30 * 60 else 0.0))
             for cause in ("single_bit", "double_bit"):
                 f.counter(target, "goodput_gpu_retired_pages_total", {**g, "cause": cause},
                           present(lambda s, c=cause, n=node, i=gpu: 0.004 if (n, i, c) == (2, 5, "single_bit") and

@@ -168,3 +168,20 @@ def test_patched_functions_keep_their_names_and_ranks_started_by_fork_say_they_a
     assert result.returncode == 0 and result.stdout.split() == ["0", "0"], result.stderr[-3000:]
     lines = [line for line in result.stderr.splitlines() if "goodput" in line]
     assert len(lines) == 2 and all("started by fork" in line and "not measured" in line for line in lines), lines
+
+
+def test_a_rank_has_nccls_collective_timing_on_unless_it_chose() -> None:
+    """In a rank (RANK set by the launcher), TORCH_NCCL_ENABLE_TIMING=1 so the flight recorder's entries carry each
+    collective's GPU time; a job's own value is kept; `nccl_timing` in GOODPUT_INSTRUMENT_PROBES_OFF leaves it unset;
+    outside a rank nothing is set."""
+    show = "import os; print(os.environ.get('TORCH_NCCL_ENABLE_TIMING'))"
+    rank = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    cases = [(rank, "1"), ({**rank, "TORCH_NCCL_ENABLE_TIMING": "0"}, "0"),
+             ({**rank, "GOODPUT_INSTRUMENT_PROBES_OFF": "nccl_timing"}, "None"), ({}, "None")]
+    for env, expected in cases:
+        environment = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                      "SLURM_PROCID", "TORCH_NCCL_ENABLE_TIMING")}
+        environment.update(env)
+        result = subprocess.run([str(BIN / "goodput-instrument"), str(BIN / "python"), "-c", show], env=environment,
+                                capture_output=True, text=True, timeout=60, check=True)
+        assert result.stdout.strip() == expected, (env, result.stdout, result.stderr[-500:])

@@ -35,7 +35,7 @@ DEV_BIN = Path(sys.executable).parent  # this venv: transformers, accelerate, li
 PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "eval",
           "other")
 # where a probe fails in the fault run: (probe, on its Nth measurement); each reports before it fails, but data_wait
-FAULTS = {"steps": 6, "data_wait": 1, "checkpoint": 2, "eval": 2, "comm_wait": 5, "flops": 1}
+FAULTS = {"steps": 6, "data_wait": 1, "checkpoint": 2, "eval": 2, "comm_wait": 5, "flops": 1, "backward": 3}
 TURNED_OFF = re.compile(r"goodput-instrument: probe '(\w+)' turned off after an error")
 
 

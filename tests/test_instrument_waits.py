@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 JOB = ROOT / "tests" / "instrument_jobs" / "straggler_jobs.py"
 DEV_BIN = Path(sys.executable).parent  # torch, transformers, accelerate, lightning and the editable client
 RANKS = 4
-STEPS = 16
+STEPS = 20
 SLOW = 3  # the slow rank (on the pipeline: stage 1 of the second replica)
 FRAMEWORKS = ("ddp", "fsdp2", "hf", "lightning")
 HEALTHY = ("ddp", "hf")  # the healthy runs: DDP itself, and through accelerate (the others' peers show the same)
@@ -46,7 +46,8 @@ class Run:
     name: str
     own: dict[int, dict]  # rank -> the job's own figures
     workload: str | None = None
-    text: str = ""
+    text: str = ""  # /metrics once every rank's steps arrived
+    early: str = ""  # /metrics while it ran, its ranks past their second step
 
 
 def _job(top: Path, live: LiveServer | None, sock: str, seen: set[str], name: str, framework: str,
@@ -65,8 +66,19 @@ def _job(top: Path, live: LiveServer | None, sock: str, seen: set[str], name: st
         env["GOODPUT_INGEST_SOCKET_PATH"] = sock
         command = [str(DEV_BIN / "goodput-instrument"), *command]
     started = time.perf_counter()
-    result = subprocess.run(command, env=env, cwd=out, capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-5000:]
+    job = subprocess.Popen(command, env=env, cwd=out, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    early = ""  # an instrumented run's /metrics once every rank is past its first steps (its start-up behind it)
+    deadline = time.monotonic() + 300
+    while job.poll() is None and time.monotonic() < deadline:
+        if live is not None and not early:
+            text = live.metrics()
+            for workload in {row["workload"] for row in series(text, "goodput_steps_total")} - seen:
+                steps = [value(text, "goodput_steps_total", workload=workload, rank=str(r)) for r in range(RANKS)]
+                if all(n is not None and 2 <= n < STEPS for n in steps):
+                    early = text
+        time.sleep(0.05)
+    stdout, stderr = job.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    assert job.returncode == 0, stdout[-2000:] + stderr[-5000:]
     print(f"{name}: {time.perf_counter() - started:.1f} s")
     own = {rank: json.loads((out / f"{name}-rank-{rank}.json").read_text()) for rank in range(RANKS)}
     run = Run(name, own)
@@ -82,6 +94,8 @@ def _job(top: Path, live: LiveServer | None, sock: str, seen: set[str], name: st
         run.workload = next(iter(new))  # type: ignore[call-overload]
         seen.add(run.workload)
         run.text = live.metrics()
+        assert early, f"{name}: no scrape caught its ranks between their second and last steps"
+        run.early = early
     return run
 
 
@@ -111,12 +125,20 @@ def _phase(run: Run, rank: int, phase: str) -> float:
 
 
 def _own_per_step(run: Run, rank: int) -> float:
-    """The rank's own time per step as the straggler rule reads it (its elapsed time less comm_wait and untracked),
-    without the start-up, which a rate over the rule's window leaves out of a running job."""
-    elapsed = value(run.text, "goodput_elapsed_seconds_total", workload=run.workload, rank=str(rank))
-    assert elapsed is not None
-    idle = sum(_phase(run, rank, phase) for phase in ("comm_wait", "untracked", "startup"))
-    return (elapsed - idle) / STEPS
+    """The rank's own time per step as the straggler rule reads it (its elapsed time less comm_wait and untracked, per
+    step), between a scrape taken while the job ran and the end: as a rate over the rule's window, which leaves out
+    a running job's start-up and first steps (the framework's setup is the first step's time)."""
+    def own(text: str) -> tuple[float, float]:
+        labels = {"workload": run.workload, "rank": str(rank)}
+        elapsed = value(text, "goodput_elapsed_seconds_total", **labels)
+        steps = value(text, "goodput_steps_total", **labels)
+        assert elapsed is not None and steps is not None
+        idle = sum(value(text, "goodput_phase_seconds_total", phase=phase, **labels) or 0.0
+                   for phase in ("comm_wait", "untracked"))
+        return elapsed - idle, steps
+
+    (late, late_steps), (early, early_steps) = own(run.text), own(run.early)
+    return (late - early) / (late_steps - early_steps)
 
 
 def _ratios(run: Run, peers: dict[int, list[int]] | None = None) -> dict[int, float]:

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 FR_BUFFER_ENVS = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 FR_BUFFER_ENTRIES = "2000"  # PyTorch's own default where it turns the recorder on by itself
 FR_DUMP_ENV = "TORCH_FR_DUMP_TEMP_FILE"  # where NCCL's dump on a timeout goes: the node's flight dir
+# NCCL's per-collective timing (CUDA events around each collective): the durations in the flight recorder's entries,
+# from which the rules derive each rank's wait on the GPU, where its CPU does not wait
+NCCL_TIMING_ENV = "TORCH_NCCL_ENABLE_TIMING"
+NCCL_TIMING_OFF = "nccl_timing"  # its name in GOODPUT_INSTRUMENT_PROBES_OFF
 
 recorder: Recorder | None = None  # this process's, once booted
 
@@ -41,6 +45,8 @@ def boot() -> Recorder | None:
         watch_explicit(recorder)
         os.register_at_fork(after_in_child=recorder.after_fork)
         _flight_dump_environment(settings.flight_dir)
+        if NCCL_TIMING_OFF not in settings.probes_off:
+            _nccl_timing_environment()
         when_imported("torch", _flight_recorder_on)
         for probe_class in PROBES:
             if probe_class.name in settings.probes_off:
@@ -55,6 +61,17 @@ def boot() -> Recorder | None:
         logging.getLogger(LOGGER).warning("goodput-instrument: not loaded: %s: %s", exc.__class__.__name__, exc)
         recorder = None
     return recorder
+
+
+def _nccl_timing_environment() -> None:
+    """In a rank: NCCL times each collective on the GPU (TORCH_NCCL_ENABLE_TIMING=1), unless the job set it itself.
+    Read by ProcessGroupNCCL when it starts; gloo ignores it."""
+    if not (os.environ.get("RANK") or os.environ.get("SLURM_PROCID")) or NCCL_TIMING_ENV in os.environ:
+        return
+    from ..launcher import rank_from
+
+    if rank_from(os.environ) is not None:
+        os.environ[NCCL_TIMING_ENV] = "1"
 
 
 def _flight_dump_environment(directory: str) -> None:

@@ -2,7 +2,7 @@
 
     GOODPUT_INSTRUMENT          "0" (or false, no, off): load nothing in this process and its children
     GOODPUT_INSTRUMENT_PROBES_OFF  comma-separated probe names to leave off (e.g. "eval,comm_wait"; "flight": no
-                                periodic flight-recorder dumps)
+                                periodic flight-recorder dumps; "nccl_timing": TORCH_NCCL_ENABLE_TIMING left as it is)
     GOODPUT_INGEST_SOCKET_PATH  the daemon's events socket (the client's own variable)
     GOODPUT_FLIGHT_DIR          the node's flight-recorder directory (the daemon's flight.dir)
     GOODPUT_FLIGHT_INTERVAL     seconds between periodic flight-recorder dumps

@@ -84,6 +84,13 @@ RESTARTS = _m(
 LAST_EVENT = _m(
     "goodput_workload_last_event_timestamp_seconds", Kind.GAUGE, "seconds",
     "Unix time the daemon last accepted an event from the workload's rank.", WR)
+CHECKPOINT_LAST_SAVE = _m(
+    "goodput_checkpoint_last_save_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time the daemon received the rank's last completed checkpoint_save phase (the save had ended); absent "
+    "until the rank reports one. `goodput-exporter health` drains a node at risk after its jobs' next save.", WR)
+CHECKPOINT_INTERVAL = _m(
+    "goodput_checkpoint_interval_seconds", Kind.GAUGE, "seconds",
+    "Seconds between the rank's last two completed checkpoint saves; absent until it reported two.", WR)
 
 # --- inference servers: what each reported per finished request (a request event) ---
 WM = ("workload", "model")

@@ -15,7 +15,7 @@ from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from goodput_client.contract import EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACKED_PHASE
+from goodput_client.contract import DEPRECATED_PHASES, EVENT_TYPES, FINISH_REASONS, PHASES, UNTRACKED_PHASE
 
 from ...core.exposition import Batch
 from . import metrics as c
@@ -69,6 +69,8 @@ class _Rank:
     ended_at: float | None = None
     role: tuple[str, str] | None = None  # (pipeline stage, data-parallel rank), as the rank last reported them
     target: tuple[int | None, float | None] = (None, None)  # (last step, deadline), as the rank last declared them
+    last_save: float | None = None  # when its last checkpoint_save phase arrived (ended), wall-clock seconds
+    save_interval: float | None = None  # seconds between its last two saves
 
 
 SHIFT_DIRECTIONS = {1: "up", -1: "down"}
@@ -324,6 +326,10 @@ class IngestState:
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
+                    if DEPRECATED_PHASES.get(event.phase, event.phase) == "checkpoint_save":
+                        if rank.last_save is not None:
+                            rank.save_interval = now - rank.last_save
+                        rank.last_save = now
                 elif isinstance(event, RoleEvent):
                     rank.role = (str(event.pipeline_stage), str(event.data_parallel_rank))
                 elif isinstance(event, TargetEvent):
@@ -564,6 +570,10 @@ class IngestState:
                 if rank.detector.baseline is not None:
                     batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
+                if rank.last_save is not None:
+                    batch.add(c.CHECKPOINT_LAST_SAVE, key, rank.last_save)
+                if rank.save_interval is not None:
+                    batch.add(c.CHECKPOINT_INTERVAL, key, rank.save_interval)
                 if rank.role is not None:
                     batch.add(c.RANK_ROLE, (*key, *rank.role), 1)
                 if rank.target[0] is not None:

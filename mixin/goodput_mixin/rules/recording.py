@@ -24,6 +24,7 @@ from typing import Any
 
 from goodput_client.contract import FLOPS_DTYPES, PHASES, UNTRACKED_PHASE
 
+from .risk import risk_rules
 from .settings import RulesSettings, seconds
 
 Rule = dict[str, Any]
@@ -391,13 +392,15 @@ def _straggler(s: RulesSettings) -> list[Rule]:
     wait = f"{STEP_WAIT}{w}"
     by = f"{c}, {n}, workload, rank"
     steps = f"(sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)"
+    # the wait is written into the own time rather than read from its record: vmalert reads a group's records back
+    # from its store, where one of the same evaluation is not there yet (each link of a chain lags an evaluation)
+    waited = (f"max by ({by}) (\n"
+              f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
+              f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}')
     return [
         # What a rank waits in collectives per step: the larger of its comm_wait (the CPU waited: gloo, DDP's hooks)
         # and its GPU-side wait (NCCL, goodput.collective_wait). The two are set apart by a label for the max.
-        {"record": wait,
-         "expr": f"max by ({by}) (\n"
-                 f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
-                 f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}'},
+        {"record": wait, "expr": waited},
         # In synchronous training every rank's step lasts as long as the slowest one's (they all meet in the
         # collectives), so the straggler is found by its own time per step: what it neither waits in collectives
         # nor leaves unmeasured. It waits least because everyone waits for it. What stays unmeasured (`untracked`:
@@ -410,7 +413,7 @@ def _straggler(s: RulesSettings) -> list[Rule]:
         {"record": own,
          "expr": f"clamp_min(\n  sum by ({by}) (\n    rate(goodput_elapsed_seconds_total[{w}])\n    or\n"
                  f'    -rate(goodput_phase_seconds_total{{phase="untracked"}}[{w}])\n  )\n  / {steps}\n'
-                 f"  - {wait},\n  0\n)\nor\n{step}"},
+                 f"  - (\n{waited}\n  ),\n  0\n)\nor\n{step}"},
     ]
 
 
@@ -443,18 +446,20 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
     ranks = f"count by ({c}, workload) ({own})"
     cost = f"{STRAGGLER_COST}{w}"
     staged_typical = f'{typical}{{pipeline_stage!=""}}'
+    culprit_cost = (f"(workload_rank:goodput_straggler_ratio:rate{w} > {s.straggler_ratio:g}) * 0\n"
+                    f"+ on ({c}, {n}, workload, rank) group_left ()\n(\n  {own}\n"
+                    f"  - on ({c}, workload) group_left ()\n  max by ({c}, workload) ({typical})\n)\n"
+                    f"/ on ({c}, workload) group_left ()\n({step} > 0)")
     return [
         {"record": f"workload:goodput_straggler_slowdown_ratio:rate{w}",
          "expr": f"{step}\n/ (\n  {step}\n  - {gap}\n  > 0\n)"},
         {"record": f"workload:goodput_straggler_lost_gpu_seconds:rate{w}",
          "expr": f"{ranks}\n* {gap}\n/ ({step} > 0)"},
-        {"record": cost,
-         "expr": f"(workload_rank:goodput_straggler_ratio:rate{w} > {s.straggler_ratio:g}) * 0\n"
-                 f"+ on ({c}, {n}, workload, rank) group_left ()\n(\n  {own}\n"
-                 f"  - on ({c}, workload) group_left ()\n  max by ({c}, workload) ({typical})\n)\n"
-                 f"/ on ({c}, workload) group_left ()\n({step} > 0)"},
+        {"record": cost, "expr": culprit_cost},
+        # written out rather than read from the record above: vmalert reads a group's records back from its store,
+        # where one of the same evaluation is not there yet (a chain in a group lags one evaluation a link)
         {"record": f"{STRAGGLER_LOST}{w}",
-         "expr": f"{cost}\n* on ({c}, workload) group_left ()\n{ranks}"},
+         "expr": f"(\n{culprit_cost}\n)\n* on ({c}, workload) group_left ()\n{ranks}"},
         # pipelines: the slowest stage's typical own time over the mean stage's (1 when balanced)
         {"record": f"workload:goodput_stage_imbalance_ratio:rate{w}",
          "expr": f"max by ({c}, workload) ({staged_typical})\n/ avg by ({c}, workload) ({staged_typical})\n"
@@ -851,6 +856,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         *_groups(("goodput.gpu_pcie_width", "goodput.gpu_pcie_generation"), _pcie(s)),
         *_groups(tuple(f"goodput.node_health{part}" for part in ("", "_memory", "_throttled", "_pcie", "_nvlink")),
                  _node_health(s)),
+        {"name": "goodput.gpu_risk", "rules": risk_rules(s)},
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.collective_wait", "rules": _collective_wait(s)},

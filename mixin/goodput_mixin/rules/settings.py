@@ -193,6 +193,16 @@ class RulesSettings(BaseModel):
     reset_required_for: str = Field(
         "0m", description="GoodputGPUResetRequired: for how long a row remap or page retirement has waited for a "
         "reset (or a row remap has failed); the state holds until the GPU is reset, so there is no noise to wait out.")
+    risk_watch_for: str = Field(
+        "30m", description="GoodputGPURiskWatch: for how long a GPU has been at risk level watch (info: notifies "
+        "nobody; a trend that holds half an hour is worth seeing in Alertmanager).")
+    risk_drain_for: str = Field(
+        "5m", description="GoodputGPURiskDrain: for how long a GPU has been at risk level drain (a GPU that went "
+        "dark for one sample is not a ticket).")
+    risk_replace_for: str = Field(
+        "0m", description="GoodputGPURiskReplace: for how long a GPU has been at risk level replace; its reasons "
+        "hold until the GPU is replaced (a failed remap, retired pages) or for a day (XID 79 again), so there is no "
+        "noise to wait out.")
     pcie_degraded_busy_ratio: float = Field(
         0.5, gt=0, le=1, description="GoodputGPUPCIeLinkDegraded: the PCIe generation is compared with its maximum "
         "only on GPUs busy at least this share of the short window; idle GPUs drop their link generation to save "
@@ -348,7 +358,8 @@ class RulesSettings(BaseModel):
                      "deadline_at_risk_for",
                      "idle_while_allocated_for", "straggler_for", "stage_imbalance_for", "straggler_random_for",
                      "step_shift_window", "rank_missing_for",
-                     "throttle_for", "reset_required_for", "pcie_degraded_for", "nvlink_errors_for",
+                     "throttle_for", "reset_required_for", "risk_watch_for", "risk_drain_for",
+                     "risk_replace_for", "pcie_degraded_for", "nvlink_errors_for",
                      "memory_exhaustion_for", "exporter_down_for", "source_failing_for", "cluster_not_reporting_window",
                      "cluster_not_reporting_for", "fabric_link_down_for",
                      "fabric_link_down_allocated_window", "fabric_flap_window", "fabric_errors_for",

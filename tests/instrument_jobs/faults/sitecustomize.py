@@ -15,7 +15,8 @@ def _inject() -> None:
     from goodput_client.instrument.probes import PROBES
 
     # where each probe's own code runs, inside its guard
-    points = {"steps": "ended", "eval": "evaluated", "flops": "measured"}  # flops: the source each step reads
+    points = {"steps": "ended", "eval": "evaluated", "flops": "measured",  # flops: the source each step reads
+              "backward": "_report"}
     for probe_class in PROBES:
         if probe_class.name not in wanted:
             continue

@@ -40,6 +40,11 @@ class BackwardProbe(Probe):
     def install(self, autograd: Any) -> None:
         self._engine = autograd.Variable._execution_engine
         self._parallel = False  # the process group, once it has more than one rank (then for good)
+        # the backward() being timed (one at a time: a backward() inside another, as a reentrant activation
+        # checkpoint's recomputation runs, is not timed on its own): the engine callback queued, and when it ran with
+        # the recorder's phase total then
+        self._active = self._queued = self._ran = False
+        self._done_at = self._reported_at = 0.0
         self.patch(autograd, "backward", self._wrap)
 
     def _wrap(self, original: Any) -> Any:
@@ -47,16 +52,16 @@ class BackwardProbe(Probe):
         recorder = self.recorder
 
         def backward(tensors: Any, *args: Any, **kwargs: Any) -> Any:
-            if not probe.on or compiling() or not recorder.live or recorder.depth or not probe._multi_rank():
+            if (probe._active or not probe.on or compiling() or recorder.depth or not recorder.live
+                    or not probe._multi_rank()):
                 return original(tensors, *args, **kwargs)
-            armed = probe.guarded(probe._arm, tensors)
-            if armed is None:
+            handle = probe.guarded(probe._arm, tensors)
+            if handle is None:
                 return original(tensors, *args, **kwargs)
-            handle, mark = armed
             try:
                 return original(tensors, *args, **kwargs)
             finally:
-                probe.guarded(probe._report, handle, mark)
+                probe.guarded(probe._report, handle)
         return backward
 
     def _multi_rank(self) -> bool:
@@ -70,33 +75,32 @@ class BackwardProbe(Probe):
         self._parallel = dist.get_world_size() > 1
         return self._parallel
 
-    def _arm(self, tensors: Any) -> tuple[Any, list[float]] | None:
+    def _arm(self, tensors: Any) -> Any:
         """A pre-hook on the root of this backward's graph that queues the timing callback; None when there is no
         graph to hook (a tensor that needs no gradient: the call raises as without the probe)."""
         root = tensors if not isinstance(tensors, (tuple, list)) else (tensors[0] if tensors else None)
         node = getattr(root, "grad_fn", None)
         if node is None:
             return None
-        mark: list[float] = []
-        engine = self._engine
-        recorder = self.recorder
+        handle = node.register_prehook(self._queue)
+        self._active, self._queued, self._ran = True, False, False
+        return handle
 
-        def done() -> None:  # the graph has run; the wrappers' own callbacks are next
-            mark.append(_perf())
-            mark.append(recorder.reported)
+    def _queue(self, *_: Any) -> None:
+        if not self._queued:
+            self._queued = True
+            self._engine.queue_callback(self._done)
 
-        def queue(*_: Any) -> None:
-            if not mark:
-                engine.queue_callback(done)
+    def _done(self) -> None:  # the graph has run; the wrappers' own callbacks are next
+        self._done_at, self._reported_at, self._ran = _perf(), self.recorder.reported, True
 
-        return node.register_prehook(queue), mark
-
-    def _report(self, handle: Any, mark: list[float]) -> None:
+    def _report(self, handle: Any) -> None:
+        self._active = False
         handle.remove()
-        if len(mark) < 2:
+        if not self._ran:
             return
         end = _perf()
         recorder = self.recorder
-        waited = (end - mark[0]) - (recorder.reported - mark[1])
+        waited = (end - self._done_at) - (recorder.reported - self._reported_at)
         if waited > 0.0 and recorder.depth == 0:
             recorder.phase("comm_wait", waited)

@@ -17,7 +17,8 @@ from .alert import Alert, Rule
 __all__ = ["GROUPS", "Alert", "alert_groups", "alerts"]
 
 # the groups, in the order they are written to the rule file
-GROUPS = ("workload", "collective", "inference", "gpu_health", "gpu_usage", "gpu_memory", "fabric", "exporter")
+GROUPS = ("workload", "collective", "inference", "gpu_health", "gpu_risk", "gpu_usage", "gpu_memory", "fabric",
+          "exporter")
 
 
 def _by_group(s: RulesSettings) -> dict[str, list[Alert]]:
