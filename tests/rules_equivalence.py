@@ -513,6 +513,17 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
         f.counter(node0, "goodput_step_duration_seconds_sum", w, lambda s: 1.0 if _pretrain_steps(s) else 0.0,
                   base=5300)
         f.counter(node0, "goodput_step_duration_seconds_count", w, _pretrain_steps, base=10800, integer=True)
+        # the forecast's inputs: the step number, a target 50,000 steps on and a deadline at 2h (both declared), the
+        # change detector's baseline (rank 3's moves up a while after it straggles), the last event while the process
+        # is up, the crash's restart
+        f.counter(node0, "goodput_step_number", w, _pretrain_steps, base=10800, integer=True)
+        f.gauge(node0, "goodput_target_step_number", w, lambda s: 60000.0)
+        f.gauge(node0, "goodput_deadline_timestamp_seconds", w, lambda s: float(f.t0 + 2 * HOUR))
+        f.gauge(node0, "goodput_step_time_baseline_seconds", w,
+                lambda s, r=r: 0.78 if r == 3 and s >= STRAGGLER + 65 else 0.5)
+        f.gauge(node0, "goodput_workload_last_event_timestamp_seconds", w,
+                lambda s, phases=phases: None if phases(s) is None else float(f.t0 + math.floor(s)))
+        f.events(node0, "goodput_workload_restarts_total", w, [RESTARTED])
         f.events(node0, "goodput_step_time_shifts_total", {**w, "direction": "up"}, [STRAGGLER + 65] if r == 3 else [])
         f.counter(node0, "goodput_step_time_shifts_total", {**w, "direction": "down"}, lambda s: 0.0, integer=True)
         # flight recorder: three collectives per step; each rank's dump shows it waiting in the next one, but rank 5's,
@@ -545,6 +556,13 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
         f.counter(node1, "goodput_model_flops_total", {**w, "dtype": "bf16"}, alive(1.1e14))
         f.counter(node1, "goodput_step_duration_seconds_sum", w, alive(1.0))
         f.counter(node1, "goodput_step_duration_seconds_count", w, alive(1.0), integer=True)
+        # a target and no baseline: the forecast reads the 1h median step time
+        f.counter(node1, "goodput_step_number", w, alive(1.0), integer=True)
+        f.gauge(node1, "goodput_target_step_number", w, alive(5000.0))
+        f.gauge(node1, "goodput_step_time_seconds", {**w, "window": "1h"}, alive(1.0))
+        f.gauge(node1, "goodput_workload_last_event_timestamp_seconds", w,
+                lambda s: float(f.t0 + math.floor(s)) if finetune(s) else None)
+        f.events(node1, "goodput_workload_restarts_total", w, [], present=finetune)
         # every rank slows down at once: a regression of the job, not a straggler
         f.events(node1, "goodput_step_time_shifts_total", {**w, "direction": "up"}, [30 * 60 + 5 * r],
                  present=finetune)

@@ -300,7 +300,8 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
     events = [lifecycle_event("contract", 0, "start"), lifecycle_event("contract", 0, "restart"),
               *(phase_event("contract", 0, phase, 0.25) for phase in PHASES),
               *(step_event("contract", 0, 0.5, tokens=100, samples=2) for _ in range(3)),
-              contract.role_event("contract", 0, 1, 0), contract.role_event("contract", 0, 2, 3)]
+              contract.role_event("contract", 0, 1, 0), contract.role_event("contract", 0, 2, 3),
+              contract.target_event("contract", 0, 100, 1.8e9), contract.target_event("contract", 0, 120, None)]
     status, text = transport.post(EVENTS_PATH, encode(batch_body(events)))
     assert (status, json.loads(text)) == (200, {"accepted": len(events)})
     labels = {"workload": "contract", "rank": "0"}
@@ -314,9 +315,13 @@ def test_contract_built_batches_become_series(daemon: tuple[LiveServer, Transpor
     # the last role the rank sent, one series
     assert [(row["pipeline_stage"], row["data_parallel_rank"]) for row in series(metrics, "goodput_rank_role_info")
             if row["workload"] == "contract"] == [("2", "3")]
+    # the last target declared, whole: its deadline left out is no deadline
+    assert value(metrics, "goodput_target_step_number", **labels) == 120
+    assert value(metrics, "goodput_deadline_timestamp_seconds", **labels) is None
     after = accepted(live)
     assert {kind: after[kind] - before[kind] for kind in EVENT_TYPES} == {
-        "step": 3, "phase": len(PHASES), "lifecycle": 2, "role": 2, "request": 0, "capture": 0}
+        "step": 3, "phase": len(PHASES), "lifecycle": 2, "role": 2, "request": 0, "capture": 0,
+        "target": 2}
 
 
 LIMITS = "limits"
@@ -344,6 +349,9 @@ WITHIN_CONTRACT = {
     "every workload character": [step_event("Az09_.:/-", 0, 1.0)],
     "the role's limits": [contract.role_event(LIMITS, 10, 0, 0),
                           contract.role_event(LIMITS, 10, contract.MAX_ROLE_INDEX - 1, contract.MAX_ROLE_INDEX - 1)],
+    "the target's limits": [contract.target_event(LIMITS, 11, 1, contract.MAX_DEADLINE),
+                            contract.target_event(LIMITS, 11, MAX_COUNT, 1e-3),
+                            contract.target_event(LIMITS, 11, None, None)],
 }
 BEYOND_CONTRACT = {
     "an unknown phase": [phase_event(LIMITS, 9, "lunch", 1.0)],
@@ -369,6 +377,10 @@ BEYOND_CONTRACT = {
     "a negative pipeline stage": [contract.role_event(LIMITS, 9, -1, 0)],
     "a role index at MAX_ROLE_INDEX": [contract.role_event(LIMITS, 9, 0, contract.MAX_ROLE_INDEX)],
     "a role without its replica": [{"type": "role", "workload": LIMITS, "rank": 9, "pipeline_stage": 1}],
+    "target step 0": [contract.target_event(LIMITS, 9, 0, None)],
+    "a target over MAX_COUNT": [contract.target_event(LIMITS, 9, MAX_COUNT + 1, None)],
+    "a deadline 0": [contract.target_event(LIMITS, 9, None, 0.0)],
+    "a deadline in milliseconds": [contract.target_event(LIMITS, 9, None, 1.8e12)],
 }
 
 
@@ -425,5 +437,39 @@ def test_a_rank_names_its_role_in_the_environment_or_by_a_call(daemon: tuple[Liv
              for row in series(text, "goodput_rank_role_info") if row["workload"] == "roles"}
     assert roles == {"0": ("3", "1"), "2": ("1", "0")}
     assert sum("role not sent" in record.getMessage() for record in caplog.records) == 2
+    for telemetry in (from_env, unreadable, called):
+        telemetry.close()
+
+
+def test_a_job_declares_its_target_and_deadline_in_the_environment_or_by_a_call(
+        daemon: tuple[LiveServer, Transport], monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    live, transport = daemon
+    path = transport.socket_path
+    monkeypatch.setenv(contract.TARGET_STEPS_ENV, "5000")
+    monkeypatch.setenv(contract.DEADLINE_ENV, "2030-01-01T01:00:00+01:00")
+    from_env = quick_telemetry("targets", 0, socket_path=path)
+    monkeypatch.setenv(contract.TARGET_STEPS_ENV, "lots")  # not a number: not sent, said once
+    monkeypatch.setenv(contract.DEADLINE_ENV, "2030-01-01T00:00:00")  # no UTC offset: a guess, not sent
+    unreadable = quick_telemetry("targets", 1, socket_path=path)
+    monkeypatch.delenv(contract.DEADLINE_ENV)
+    monkeypatch.setenv(contract.TARGET_STEPS_ENV, "5000")
+    called = quick_telemetry("targets", 2, socket_path=path)
+    called.target(7000, deadline=1.9e9)  # the call wins over the environment
+    called.target(0)  # refused, the last good target kept
+    called._declare_target(100, None, 1)  # a framework's max_steps: below the call's precedence, not taken
+    for telemetry in (from_env, unreadable, called):
+        telemetry.record_step(0.1)
+        telemetry.flush()
+    text = live.metrics_when("goodput_steps_total", 1, workload="targets", rank="2")
+    targets = {rank: value(text, "goodput_target_step_number", workload="targets", rank=rank) for rank in "012"}
+    deadlines = {rank: value(text, "goodput_deadline_timestamp_seconds", workload="targets", rank=rank)
+                 for rank in "012"}
+    assert targets == {"0": 5000, "1": None, "2": 7000}  # absent, not 0, where nothing was declared
+    assert deadlines == {"0": 1893456000, "1": None, "2": 1.9e9}
+    messages = [record.getMessage() for record in caplog.records]
+    assert sum("GOODPUT_TARGET_STEPS='lots' ignored" in m for m in messages) == 1
+    assert sum("GOODPUT_DEADLINE='2030-01-01T00:00:00' ignored" in m for m in messages) == 1
+    assert sum("target steps 0 not sent" in m for m in messages) == 1
     for telemetry in (from_env, unreadable, called):
         telemetry.close()

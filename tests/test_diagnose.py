@@ -377,3 +377,17 @@ def test_tls_and_auth_failures_exit_2_and_the_right_credentials_get_an_answer(
         assert err == ("goodput-exporter diagnose: the goodput rules are not loaded in this Prometheus (no "
                        "workload:goodput_bottleneck:info series): load rules/goodput-recording.rules.yml "
                        "(docs/diagnose.md)\n"), trust
+
+
+def test_the_forecast_line_says_when_the_workload_finishes_and_nothing_without_a_target() -> None:
+    from goodput_mixin.diagnose.report import forecast_line
+
+    assert forecast_line({}) is None  # no target: no forecast, not a zero one
+    assert forecast_line({"step": 900, "target_step": 3600, "progress_ratio": 0.25}) == (
+        "  forecast: step 900 of 3600 (25%); no finish forecast (no step within the stale window, or no step time yet)")
+    line = forecast_line({"step": 900, "target_step": 3600, "progress_ratio": 0.25, "seconds_p50": 5400.2,
+                          "seconds_p90": 6300, "gpu_hours_p50": 3.0, "gpu_hours_p90": 3.5, "interruptions": 0.4,
+                          "badput_gpu_hours": 1.0, "finish_p50": 7200.2, "deadline": 3600})
+    assert line == ("  forecast: step 900 of 3600 (25%); finishes in 1h 30m (P50), 1h 45m (P90), 3 GPU-hours to go "
+                    "(P90 3.5), 0.4 interruptions expected; badput costs 1 GPU-hours more than its best goodput would; "
+                    "late by 1h 0m (P50)")

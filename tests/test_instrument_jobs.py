@@ -130,7 +130,7 @@ def runs(job_env: Venv, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ru
         with ThreadPoolExecutor(2) as pool:  # each job beside its run without the wrapper: the 2 cores are mostly
             # waiting on imports and start-up; the comparisons are of spans timed twice inside one process
             bare = pool.submit(job_venv, "bare", False)
-            runs["plain"] = job_venv("plain", True, GOODPUT_FLOPS="measure")
+            runs["plain"] = job_venv("plain", True, GOODPUT_FLOPS="measure", GOODPUT_TARGET_STEPS="12")
             runs["bare"] = bare.result()
             runs["faults"] = job_venv("faults", True, steps=FAULTS["steps"] - 1, GOODPUT_FLOPS="measure",
                                       PYTHONPATH=str(JOBS / "faults"),
@@ -215,7 +215,12 @@ def test_a_plain_ddp_loop_is_measured_as_it_measures_itself(runs: Runs) -> None:
         ops = value(text, "goodput_collective_operations_total", workload=plain.workload, rank=str(rank), pg="0",
                     op="all_reduce")
         assert ops is not None and ops > 0
+        # a raw loop's target, from the environment (no framework knows it)
+        assert value(text, "goodput_target_step_number", **labels) == 12
     assert "goodput-instrument" not in plain.stderr  # nothing to say: the socket is there, no probe failed
+    # a loop that declares none has none: absent, not 0
+    faults = runs.runs["faults"]
+    assert value(faults.text, "goodput_target_step_number", **_labels(faults.workload, 0)) is None
 
 
 def test_the_wrapper_changes_nothing_the_job_computes(runs: Runs) -> None:
@@ -297,6 +302,7 @@ def test_hugging_face_trainer_with_gradient_accumulation(runs: Runs) -> None:
     assert value(text, "goodput_tokens_total", **labels) == 8 * 2 * 4 * 16  # steps x micro-batches x batch x seq
     flops = value(text, "goodput_model_flops_total", dtype="bf16", **labels)
     assert flops == pytest.approx(own["total_flos"], rel=1e-12)  # the Trainer's own count
+    assert value(text, "goodput_target_step_number", **labels) == 8  # its TrainerState.max_steps, with no code
 
 
 def test_lightning_trainer_on_two_processes(runs: Runs) -> None:
@@ -306,6 +312,7 @@ def test_lightning_trainer_on_two_processes(runs: Runs) -> None:
         own = lightning.own[rank]
         labels = _labels(lightning.workload, rank)
         assert value(text, "goodput_steps_total", **labels) == own["steps"] == own["global_step"] == 6
+        assert value(text, "goodput_target_step_number", **labels) == 6  # its max_steps, with no code
         phases = _accounted(text, lightning.workload, rank)
         _agrees(phases["eval"], own["eval"])
         _agrees(phases["checkpoint_save"], own["checkpoint_save"])

@@ -232,7 +232,7 @@ def alert_rules() -> list[dict]:
 
 def test_alerts_follow_the_conventions() -> None:
     names = [rule["alert"] for rule in alert_rules()]
-    assert len(names) == len(set(names)) == 30
+    assert len(names) == len(set(names)) == 31
     for rule in alert_rules():
         assert re.fullmatch(r"Goodput([A-Z][a-z0-9]*|GPU|ECC|XID)+", rule["alert"]), rule["alert"]
         assert rule["labels"]["severity"] in ("critical", "warning", "info")

@@ -40,7 +40,9 @@ CAUSES = {
         "5m), and PromQL's count of whole events is not whole (2.08 for 2). Everything computed from these rates "
         "carries it: a 1h average of a 5m rate for the hour (finetune's tokens:rate1h is 11% apart from 4 minutes "
         "after the job ended to the end of the hour, 86% the minute after it started, when the average holds one "
-        "sample), a ratio of two rates much less (its numerator and denominator move together)."),
+        "sample), a ratio of two rates much less (its numerator and denominator move together), a ratio's distance "
+        "from 1 much more: the forecast's badput GPU-hours scale with 1 - (the 1h goodput / its best), up to 15% apart "
+        "after the crash at 25m (1.87 against 2.21 GPU-hours at 48m) while the 1h goodputs are under 1% apart."),
     "rate-presence": (
         "Samples on one side only, from the same rate() computation. MetricsQL's increase() of the first sample "
         "after a gap is the change since the sample before the gap (0 for a counter that did not move), and its "
@@ -105,6 +107,7 @@ KNOWN: dict[str, Known] = {
     "server:goodput_inference_prompt_tokens:rate5m": Known(("rate",), 0.111, 269, 0, 0),
     "server:goodput_inference_queue_seconds:rate5m": Known(("rate",), 0.029, 45, 0, 0),
     "server:goodput_inference_requests:rate5m": Known(("rate",), 0.112, 647, 0, 0),
+    "workload:goodput_badput_gpu_hours_to_finish:vs_best": Known(("rate",), 0.154, 29, 0, 0),
     "workload:goodput_badput_ratio:rate1h": Known(("rate",), 0.157, 90, 0, 0),
     "workload:goodput_badput_ratio:rate5m": Known(("rate",), 1.0, 57, 0, 0),
     "workload:goodput_bottleneck:info": Known(("rate-presence",), 0.0, 0, 2, 3),

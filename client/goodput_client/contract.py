@@ -13,6 +13,7 @@ module level, so that both sides (and a training image) can import it for free.
     {"type": "lifecycle", "workload": W, "rank": R, "event": E, "elapsed_seconds": T,
      "started_at": U, "resumed_from_step": N}
     {"type": "role", "workload": W, "rank": R, "pipeline_stage": S, "data_parallel_rank": D}
+    {"type": "target", "workload": W, "rank": R, "target_steps": N, "deadline": U}
     {"type": "request", "workload": W, "rank": R, "model": M,
      "ttft_seconds": S|null, "tpot_seconds": S|null, "e2e_seconds": S, "queue_seconds": S|null,
      "prompt_tokens": N, "output_tokens": N, "itl_counts": [N, ...], "itl_sum": S,
@@ -46,6 +47,18 @@ A "role" event says where the rank sits in its job's parallelism, so that the ru
     0 <= S < MAX_ROLE_INDEX, 0 <= D < MAX_ROLE_INDEX, both required. pipeline_stage: the rank's pipeline stage
     (0 without pipeline parallelism); data_parallel_rank: the index of its pipeline (its model replica). The
     daemon keeps the last one per rank; the client sends it again every ROLE_RESEND_SECONDS, so a daemon that
+    restarted learns it again.
+
+A "target" event says where the job's training ends, where the job, its framework or its launcher knows it, for
+the forecast of when it finishes:
+
+    target_steps  1 <= N <= MAX_COUNT: the global number of the job's last optimizer step (Hugging Face's and
+                  Lightning's max_steps, a OneCycleLR's total_steps, TARGET_STEPS_ENV): the job is done when its
+                  step number (the step events' `step`) reaches it.
+    deadline      U > 0, Unix time: when the job's owner needs it finished (DEADLINE_ENV).
+
+    Both optional (absent or null: not known); each event replaces the rank's previous declaration whole. The
+    daemon keeps the last one per rank; the client sends it again every TARGET_RESEND_SECONDS, so that a daemon that
     restarted learns it again.
 
 A "request" event is one finished request of an inference server (any process streaming tokens), for
@@ -103,7 +116,7 @@ from __future__ import annotations
 
 EVENTS_PATH = "/v1/events"
 CONTENT_TYPE = "application/json"
-EVENT_TYPES = ("step", "phase", "lifecycle", "role", "request", "capture")
+EVENT_TYPES = ("step", "phase", "lifecycle", "role", "request", "capture", "target")
 PHASES = ("compute", "data_wait", "comm_wait", "checkpoint_save", "checkpoint_restore", "compile", "startup", "eval",
           "other")
 FALLBACK_PHASE = "other"  # where the client records a phase name it does not know
@@ -125,6 +138,10 @@ MAX_ROLE_INDEX = 1_000_000  # pipeline stages, data-parallel replicas
 ROLE_RESEND_SECONDS = 60.0
 PIPELINE_STAGE_ENV = "GOODPUT_PIPELINE_STAGE"  # a rank's role, where neither the job nor a probe tells it
 DATA_PARALLEL_RANK_ENV = "GOODPUT_DATA_PARALLEL_RANK"
+TARGET_STEPS_ENV = "GOODPUT_TARGET_STEPS"  # the job's last step number, where neither the job nor a probe tells it
+DEADLINE_ENV = "GOODPUT_DEADLINE"  # when the job must be finished: Unix seconds, or ISO 8601 with its UTC offset
+TARGET_RESEND_SECONDS = ROLE_RESEND_SECONDS
+MAX_DEADLINE = 1e11  # Unix time (the year 5138): a later one is a unit error (milliseconds)
 _FOLDER_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _HEX = frozenset("0123456789ABCDEFabcdef")
 
@@ -251,6 +268,37 @@ def lifecycle_event(workload: str, rank: int, event: str, *, elapsed_seconds: fl
 def role_event(workload: str, rank: int, pipeline_stage: int, data_parallel_rank: int) -> Event:
     return {"type": "role", "workload": workload, "rank": rank, "pipeline_stage": int(pipeline_stage),
             "data_parallel_rank": int(data_parallel_rank)}
+
+
+def target_event(workload: str, rank: int, target_steps: int | None, deadline: float | None) -> Event:
+    event: Event = {"type": "target", "workload": workload, "rank": rank}
+    if target_steps is not None:
+        event["target_steps"] = int(target_steps)
+    if deadline is not None:
+        event["deadline"] = float(deadline)
+    return event
+
+
+def parse_deadline(text: str) -> float | None:
+    """A deadline as GOODPUT_DEADLINE gives it, as Unix time: seconds since the epoch ("1767225600"), or an ISO 8601
+    date and time with its UTC offset ("2026-01-01T00:00:00Z", "2026-01-01T01:00:00+01:00"). None for anything else,
+    a time without an offset included (whose time zone would be a guess)."""
+    import math
+
+    text = text.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        from datetime import datetime  # here, not at import time
+
+        try:
+            moment = datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith(("Z", "z")) else text)
+        except ValueError:
+            return None
+        if moment.tzinfo is None:
+            return None
+        value = moment.timestamp()
+    return value if math.isfinite(value) and 0.0 < value <= MAX_DEADLINE else None
 
 
 def _seconds(value: float | None) -> float | None:

@@ -30,6 +30,7 @@ from .contract import (
     CAPTURE_POLL_SECONDS,
     CAPTURES_ENV,
     DATA_PARALLEL_RANK_ENV,
+    DEADLINE_ENV,
     DEFAULT_FLOPS_DTYPE,
     DEFAULT_SOCKET,
     DEFAULT_TPOT_OBJECTIVE,
@@ -52,6 +53,8 @@ from .contract import (
     PIPELINE_STAGE_ENV,
     ROLE_RESEND_SECONDS,
     SOCKET_ENV,
+    TARGET_RESEND_SECONDS,
+    TARGET_STEPS_ENV,
     batch_body,
     capture_event,
     encode,
@@ -61,6 +64,7 @@ from .contract import (
     request_event,
     role_event,
     step_event,
+    target_event,
     workload_folder,
 )
 
@@ -83,6 +87,9 @@ _KNOWN_REASONS = frozenset(FINISH_REASONS)
 _ITL_SLOTS = len(ITL_BUCKETS) + 1
 _MODELS_REMEMBERED = 4096  # model names whose validity a Telemetry caches
 _INF = float("inf")
+# who told a job's target (its last step) or deadline, lowest precedence first: an LR schedule's horizon, a framework's
+# max_steps (goodput-instrument's probes), the environment (GOODPUT_TARGET_STEPS, GOODPUT_DEADLINE), Telemetry.target
+TARGET_SCHEDULE, TARGET_FRAMEWORK, TARGET_ENV, TARGET_EXPLICIT = range(4)
 # a phase block open this long reports its time so far (and again each time as long after), so that a block that
 # never returns accrues its time: a hung rank's goodput falls while it hangs
 OPEN_PHASE_SECONDS = 5.0
@@ -208,6 +215,19 @@ def _whole(value: object, low: int) -> int | None:
 def _env_int(text: str) -> int | str:
     """An environment variable's whole number, or its text as it is (for the warning that refuses it)."""
     return int(text.strip()) if text.strip().isdigit() else text
+
+
+def _deadline(value: object) -> float | None:
+    """A Unix time as sent: a number within (0, MAX_DEADLINE] (NaN and infinities fail the bounds), else None."""
+    from .contract import MAX_DEADLINE
+
+    if isinstance(value, (bool, str, bytes)):
+        return None
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if 0.0 < number <= MAX_DEADLINE else None
 
 
 def _flops(value: object) -> float | None:
@@ -471,6 +491,11 @@ class Telemetry:
         # again every ROLE_RESEND_SECONDS by the sender
         self._role: tuple[int, int] | None = None
         self._role_sent = 0.0
+        # where the job's training ends (its last step's number) and its deadline, each with the precedence of who
+        # told it (TARGET_FRAMEWORK...TARGET_EXPLICIT): sent at once and again every TARGET_RESEND_SECONDS
+        self._target: list = [None, None]  # type: ignore[type-arg]
+        self._target_by = [-1, -1]
+        self._target_sent = 0.0
         if url:
             self._transport: Transport = Transport(url=url, token=token, timeout=timeout)
         else:
@@ -485,6 +510,7 @@ class Telemetry:
         self._t0 = now if since is None or not since <= now else since
         self.started_at = time.time() - (now - self._t0)  # the same instant on the wall clock
         self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at))
+        self._target_from_env()
         stage = _from_env(PIPELINE_STAGE_ENV)
         if stage is not None:
             self.role(_env_int(stage), _env_int(_from_env(DATA_PARALLEL_RANK_ENV) or "0"))  # type: ignore[arg-type]
@@ -636,6 +662,53 @@ class Telemetry:
         self._role = (stage, replica)
         self._role_sent = time.monotonic()
         self._put(("role", stage, replica))
+
+    def target(self, steps: int | None = None, *, deadline: float | None = None) -> None:
+        """Where the job's training ends: `steps`, the global number of its last optimizer step (its max_steps: the
+        job is done when its steps, numbered 1, 2, ... across restarts, reach it), and `deadline`, the Unix time by
+        which its owner needs it finished. Either may be left out (None: left as it was). For the forecast of when
+        the job finishes (the daemon exports them as goodput_target_step_number, goodput_deadline_timestamp_seconds).
+        What is given here wins over GOODPUT_TARGET_STEPS / GOODPUT_DEADLINE and over what goodput-instrument's
+        probes read from a framework. A value that is not an int within [1, MAX_COUNT], or not a Unix time, is not
+        sent (logged once)."""
+        self._declare_target(steps, deadline, TARGET_EXPLICIT)
+
+    def _target_from_env(self) -> None:
+        from .contract import parse_deadline
+
+        steps, deadline = _from_env(TARGET_STEPS_ENV), _from_env(DEADLINE_ENV)
+        number = None if steps is None else _whole(_env_int(steps), 1)
+        if steps is not None and number is None:
+            self._warn_once("target", "goodput telemetry: %s=%r ignored: expected an int within [1, %d]",
+                            TARGET_STEPS_ENV, steps, MAX_COUNT)
+        when = None if deadline is None else parse_deadline(deadline)
+        if deadline is not None and when is None:
+            self._warn_once("deadline", "goodput telemetry: %s=%r ignored: expected Unix seconds or an ISO 8601 date "
+                            "and time with its UTC offset (2026-01-01T00:00:00Z)", DEADLINE_ENV, deadline)
+        self._declare_target(number, when, TARGET_ENV)
+
+    def _declare_target(self, steps: object, deadline: object, by: int) -> None:
+        """A target (and/or deadline) told with precedence `by`: kept where nothing of a higher precedence told it."""
+        changed = False
+        if steps is not None:
+            number = _whole(steps, 1)
+            if number is None or number > MAX_COUNT:
+                self._warn_once("target", "goodput telemetry: target steps %s not sent: expected an int within "
+                                "[1, %d]", repr(steps), MAX_COUNT)
+            elif by >= self._target_by[0]:
+                changed |= self._target[0] != number
+                self._target[0], self._target_by[0] = number, by
+        if deadline is not None:
+            when = _deadline(deadline)
+            if when is None:
+                self._warn_once("deadline", "goodput telemetry: deadline %s not sent: expected a Unix time",
+                                repr(deadline))
+            elif by >= self._target_by[1]:
+                changed |= self._target[1] != when
+                self._target[1], self._target_by[1] = when, by
+        if changed:
+            self._target_sent = time.monotonic()
+            self._put(("target", *self._target))
 
     # --- inference requests ----------------------------------------------------------------------------
 
@@ -816,10 +889,13 @@ class Telemetry:
             ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None)
             ("request", ...)
             ("capture", id, kind, result, path, bytes, message)
-            ("role", pipeline_stage, data_parallel_rank)"""
+            ("role", pipeline_stage, data_parallel_rank)
+            ("target", target_steps|None, deadline|None)"""
         kind = event[0]
         if kind == "role":
             return role_event(self.workload, self.rank, event[1], event[2])
+        if kind == "target":
+            return target_event(self.workload, self.rank, event[1], event[2])
         if kind == "phase":
             return phase_event(self.workload, self.rank, event[1], event[2], elapsed_seconds=event[3])
         if kind == "step":
@@ -930,6 +1006,9 @@ class Telemetry:
                 if role is not None and time.monotonic() - self._role_sent >= ROLE_RESEND_SECONDS:
                     self._role_sent = time.monotonic()
                     self._put(("role", *role))
+                if self._target != [None, None] and time.monotonic() - self._target_sent >= TARGET_RESEND_SECONDS:
+                    self._target_sent = time.monotonic()
+                    self._put(("target", *self._target))
                 self._send_pending()
                 if self._polling and time.monotonic() - self._last_post >= self.poll_interval:
                     self._poll()

@@ -89,6 +89,7 @@ class Recorder:
         self.loaded_step: int | None = None  # the step a restarted process's checkpoint holds, loaded before training
         self.forked = self.fork_told = False  # this process was forked from an instrumented one; it said so
         self.role_told: tuple[int, int] | None = None  # the rank's role (pipeline stage, replica), as a probe saw it
+        self.target_told: tuple[int, int] | None = None  # the job's last step and who told it (telemetry.TARGET_*)
 
     @property
     def live(self) -> bool:
@@ -119,6 +120,8 @@ class Recorder:
         self.pre.clear()
         if self.role_told is not None:
             self.telemetry.role(*self.role_told)
+        if self.target_told is not None:
+            self.telemetry._declare_target(self.target_told[0], None, self.target_told[1])
         self.state = "active"
         self.window_start = _perf()
         self.window_other = self.window_excluded = 0.0
@@ -219,6 +222,8 @@ class Recorder:
         if self.state == "active" and self.own and threading.get_ident() == self.thread:
             own, self.telemetry, self.own = self.telemetry, telemetry, False
             self.deferred = {}
+            if self.target_told is not None:
+                telemetry._declare_target(self.target_told[0], None, self.target_told[1])
             with contextlib.suppress(Exception):  # the job's own reporter goes on regardless
                 own.close()  # type: ignore[union-attr]
 
@@ -404,6 +409,15 @@ class Recorder:
         self.role_told = (pipeline_stage, replica)
         if self.state == "active" and self.telemetry is not None:
             self.telemetry.role(pipeline_stage, replica)
+
+    def target(self, steps: int, by: int) -> None:
+        """A probe learned the job's last step (a framework's max_steps: by=TARGET_FRAMEWORK; an LR schedule's horizon:
+        TARGET_SCHEDULE): sent now, or once training starts, unless something of a higher precedence told it."""
+        if steps <= 0 or (self.target_told is not None and by < self.target_told[1]):
+            return
+        self.target_told = (int(steps), by)
+        if self.state == "active" and self.telemetry is not None:
+            self.telemetry._declare_target(int(steps), None, by)
 
     def checkpoint_loaded(self, step: int) -> None:
         """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,

@@ -70,6 +70,15 @@ RANK_ROLE = _m(
     "first stage; 0 without pipeline parallelism) and data_parallel_rank (its replica's index). The straggler rules "
     "compare a rank with the ranks of its own stage. Absent when the job reported no role; value is always 1.",
     (*WR, "pipeline_stage", "data_parallel_rank"))
+TARGET_STEP = _m(
+    "goodput_target_step_number", Kind.GAUGE, "",
+    "Global number of the step at which the job's training ends (its max_steps), where the job, its framework "
+    "(Hugging Face's and Lightning's Trainer, a OneCycleLR schedule, under goodput-instrument) or GOODPUT_TARGET_STEPS "
+    "declared it: the job is done when goodput_step_number reaches it. Absent when not declared.", WR)
+DEADLINE = _m(
+    "goodput_deadline_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time by which the job's owner needs it finished, where the job declared it (GOODPUT_DEADLINE, "
+    "Telemetry.target(deadline=...)). Absent when not declared.", WR)
 RESTARTS = _m(
     "goodput_workload_restarts_total", Kind.COUNTER, "", "Restarts the job reported.", WR)
 LAST_EVENT = _m(

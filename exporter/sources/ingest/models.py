@@ -1,5 +1,5 @@
-"""The wire format of POST /v1/events (step, phase, lifecycle, role, request and capture events), validated strictly:
-nothing half-applied, nothing guessed. An empty batch is valid: a rank polling for capture requests.
+"""The wire format of POST /v1/events (step, phase, lifecycle, role, target, request and capture events), validated
+strictly: nothing half-applied, nothing guessed. An empty batch is valid: a rank polling for capture requests.
 
 Strict, with one exception: a whole number written as a float (`5.0`) is an integer, as JSON has it (JSON Schema
 counts 5.0 as an integer too); `5.5`, `"5"` and `true` are not. The responses' bodies are modelled too, for the
@@ -25,6 +25,7 @@ from goodput_client.contract import (
     LIFECYCLE_EVENTS,
     MAX_CAPTURE_MESSAGE,
     MAX_COUNT,
+    MAX_DEADLINE,
     MAX_ELAPSED,
     MAX_FLOPS,
     MAX_RANK,
@@ -107,6 +108,15 @@ class RoleEvent(_Event):
     data_parallel_rank: RoleIndex
 
 
+class TargetEvent(_Event):
+    """Where the job's training ends, where the job knows it: the global number of its last step, and the Unix time
+    by which its owner needs it finished. Either may be absent (not known); each replaces the rank's last one whole."""
+
+    type: Literal["target"]
+    target_steps: StepNumber | None = None
+    deadline: Annotated[float, Field(gt=0.0, le=MAX_DEADLINE, allow_inf_nan=False)] | None = None
+
+
 class RequestEvent(_Event):
     """One finished request of an inference server; every key but queue_seconds is required."""
 
@@ -140,7 +150,7 @@ class CaptureEvent(_Event):
     message: Annotated[str, Field(max_length=MAX_CAPTURE_MESSAGE)] = ""
 
 
-Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | RequestEvent | CaptureEvent,
+Event = Annotated[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | TargetEvent | RequestEvent | CaptureEvent,
                   Field(discriminator="type")]
 
 

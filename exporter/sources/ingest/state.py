@@ -21,7 +21,7 @@ from ...core.exposition import Batch
 from . import metrics as c
 from .accounting import Account, Figures
 from .changepoint import StepTimeDetector
-from .models import LifecycleEvent, PhaseEvent, RequestEvent, RoleEvent, StepEvent
+from .models import LifecycleEvent, PhaseEvent, RequestEvent, RoleEvent, StepEvent, TargetEvent
 from .peer import ROOT_UID, Sender, start_time
 from .settings import IngestConfig
 from .statefile import ERROR_REASONS, StateFile
@@ -68,6 +68,7 @@ class _Rank:
     last_event: float = 0.0
     ended_at: float | None = None
     role: tuple[str, str] | None = None  # (pipeline stage, data-parallel rank), as the rank last reported them
+    target: tuple[int | None, float | None] = (None, None)  # (last step, deadline), as the rank last declared them
     last_save: float | None = None  # when its last checkpoint_save phase arrived (ended), wall-clock seconds
     save_interval: float | None = None  # seconds between its last two saves
 
@@ -266,7 +267,7 @@ class IngestState:
                 else f"uid {sender.uid} already has"
             raise Rejected("uid_cap", f"{who} {problem} on this node", 429)
 
-    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | RequestEvent],
+    def apply(self, events: Sequence[StepEvent | PhaseEvent | LifecycleEvent | RoleEvent | TargetEvent | RequestEvent],
               peer_pid: int | None = None, sender: Sender | None = None) -> None:
         """Apply every event or none (another's workload, over a cap: Rejected, and nothing changed). `peer_pid`,
         the sending process as the kernel names it, is remembered as declaring its events' identity (a
@@ -331,6 +332,8 @@ class IngestState:
                         rank.last_save = now
                 elif isinstance(event, RoleEvent):
                     rank.role = (str(event.pipeline_stage), str(event.data_parallel_rank))
+                elif isinstance(event, TargetEvent):
+                    rank.target = (event.target_steps, event.deadline)
                 elif event.event == "end":
                     rank.ended_at = now
                     rank.account.touch(now, event.elapsed_seconds)
@@ -573,6 +576,10 @@ class IngestState:
                     batch.add(c.CHECKPOINT_INTERVAL, key, rank.save_interval)
                 if rank.role is not None:
                     batch.add(c.RANK_ROLE, (*key, *rank.role), 1)
+                if rank.target[0] is not None:
+                    batch.add(c.TARGET_STEP, key, rank.target[0])
+                if rank.target[1] is not None:
+                    batch.add(c.DEADLINE, key, rank.target[1])
                 if figures is None:  # never saved: its gauges only (they may go down), none of its counters
                     withheld += key in self._unsaved
                     if rank.account.last_step is not None:

@@ -10,6 +10,7 @@ from grafana_foundation_sdk.builders.dashboard import Dashboard
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
+from ..rules import forecast as fc
 from ..rules.recording import STEP_SHIFT
 from ..rules.verdict import CANDIDATE, VERDICT
 from .kit import (
@@ -77,6 +78,35 @@ def _verdict(names: Names, f: Filters) -> list[table.Panel | stat.Panel]:
     ]
 
 
+def _forecast(f: Filters) -> list[stat.Panel]:
+    """When the job finishes (docs/forecast.md): empty for a job that declared no target or stopped stepping."""
+    band = "{{workload}} P50", "{{workload}} P90"
+    return [
+        stat_panel(
+            "Progress", "The job's step number over its target step (its max_steps: a framework's, "
+            "GOODPUT_TARGET_STEPS, Telemetry.target). Empty when the job declared no target.",
+            "percentunit", [(f"{fc.PROGRESS}{f()}", "{{workload}}")], width=4, no_value="no target"),
+        stat_panel(
+            "Time to finish", "P50 and P90 of the time left: the steps left at the job's robust step time, stretched "
+            "by its overhead between steps, plus the interruptions expected over it times what each costs it "
+            "(docs/forecast.md). Empty without a target or without a step in the last minutes.",
+            "s", [(f"{fc.P50}{f()}", band[0]), (f"{fc.P90}{f()}", band[1])], width=6, no_value="no forecast"),
+        stat_panel(
+            "Finishes at", "The date the job finishes, P50 and P90; GoodputDeadlineAtRisk tickets a P50 past the "
+            "deadline it declared (GOODPUT_DEADLINE).",
+            "dateTimeAsIso", [(f"{fc.FINISH_P50}{f()} * 1000", band[0]), (f"{fc.FINISH_P90}{f()} * 1000", band[1])],
+            width=6, no_value="no forecast"),
+        stat_panel(
+            "GPU-hours to finish", "GPU-hours the job still needs (one GPU per rank), P50 and P90.",
+            "short", [(f"{fc.GPU_HOURS_P50}{f()}", band[0]), (f"{fc.GPU_HOURS_P90}{f()}", band[1])], width=4,
+            no_value="no forecast"),
+        stat_panel(
+            "Badput ahead", "GPU-hours of the time left that the job would not spend at its best sustained goodput "
+            "(its best hour): what fixing its badput is worth from here.",
+            "short", [(f"{fc.BADPUT_GPU_HOURS}{f()}", "{{workload}}")], width=4, no_value="no forecast"),
+    ]
+
+
 def build(names: Names) -> Dashboard:
     f = Filters(names, workload=True)
     s = names.settings
@@ -85,6 +115,9 @@ def build(names: Names) -> Dashboard:
     fabric = [link_to_workload_fabric()]
     d = new_dashboard(LEVEL, names, workload=True).with_row(row("Verdict"))
     for panel in _verdict(names, f):
+        d = d.with_panel(panel)
+    d = d.with_row(row("Forecast"))
+    for panel in _forecast(f):
         d = d.with_panel(panel)
     d = d.with_row(row("Goodput"))
     d = d.with_panel(stat_panel(

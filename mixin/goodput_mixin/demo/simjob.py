@@ -40,6 +40,7 @@ HEALTHY_STEP_SHARE = 0.7
 CHECKPOINT_EVERY = 50  # steps between checkpoints: step 50, 100, ...; a checkpoint holds the state after its step
 CRASH_AFTER = 40  # a crash lands this many steps after a checkpoint: each crash redoes CRASH_AFTER steps (about 3 s)
 DOWN_SECONDS = 3.0  # a crashed rank's process stays down this long before its restart
+TARGET_STEPS = 100_000  # the job's last step: far beyond what a demo runs, so it is always forecast
 COMPILE_STEPS = 3.0  # each process compiles its model for this many step_seconds before its first step
 CHECKPOINT_SAVE_STEPS = 2.0  # a checkpoint_save phase lasts this many step_seconds
 CHECKPOINT_RESTORE_STEPS = 3.0  # so does a restarted process's checkpoint_restore
@@ -160,6 +161,7 @@ class SimulatedJob:
         """One process of the rank, from its start to its crash (True) or the job's stop (False)."""
         telemetry = Telemetry(self.workload, rank, socket_path=self.sockets[rank], flush_interval=0.2,
                               resumed_from_step=resumed, flops_per_step=self.flops_per_step, dtype="bf16")
+        telemetry.target(TARGET_STEPS)  # where the job ends, for the forecast of its finish
         state = self._states[rank]
         try:
             with telemetry.phase("compile"):

@@ -25,6 +25,40 @@ def term_text(reading: TermReading) -> str:
     return f"{term.name} {number(reading.value)} {op} {term.threshold:g}"
 
 
+def duration(seconds: float) -> str:
+    """1d 4h, 3h 20m, 12m, 45s."""
+    seconds = max(0.0, seconds)
+    for unit, size, sub, sub_size in (("d", 86400, "h", 3600), ("h", 3600, "m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit} {int(seconds % size // sub_size)}{sub}"
+    return f"{int(seconds // 60)}m" if seconds >= 60 else f"{int(seconds)}s"
+
+
+def forecast_line(figures: dict[str, float]) -> str | None:
+    """The forecast of when the workload finishes, on one line; None without a target."""
+    if "target_step" not in figures:
+        return None
+    step, target = figures.get("step"), figures["target_step"]
+    progress = figures.get("progress_ratio")
+    line = f"  forecast: step {step:.0f} of {target:.0f}" if step is not None else f"  forecast: target {target:.0f}"
+    if progress is not None:
+        line += f" ({progress:.0%})"
+    if "seconds_p50" not in figures:
+        return line + "; no finish forecast (no step within the stale window, or no step time yet)"
+    line += f"; finishes in {duration(figures['seconds_p50'])} (P50), {duration(figures.get('seconds_p90', 0.0))} (P90)"
+    if "gpu_hours_p50" in figures:
+        line += f", {figures['gpu_hours_p50']:.3g} GPU-hours to go (P90 {figures.get('gpu_hours_p90', 0.0):.3g})"
+    if figures.get("interruptions"):
+        line += f", {figures['interruptions']:.2g} interruptions expected"
+    if figures.get("badput_gpu_hours"):
+        line += f"; badput costs {figures['badput_gpu_hours']:.3g} GPU-hours more than its best goodput would"
+    deadline, finish = figures.get("deadline"), figures.get("finish_p50")
+    if deadline is not None and finish is not None:
+        late = finish - deadline
+        line += f"; {'late by ' + duration(late) if late > 0 else 'on time, ' + duration(-late) + ' to spare'} (P50)"
+    return line
+
+
 def _check_line(reading: CheckReading, deciding: bool) -> str:
     line = f"    {STATUS[reading.status]:<8} {reading.check.reason:<28} {'; '.join(map(term_text, reading.terms))}"
     if deciding:
@@ -50,6 +84,9 @@ def text(diagnoses: list[Diagnosis]) -> str:
         if diagnosis.culprits:
             lines.append(f"  (the GPU, host and fabric figures below are read on the culprits' node(s): "
                          f"{', '.join(diagnosis.culprit_nodes)})")
+        forecast = forecast_line(diagnosis.forecast)
+        if forecast is not None:
+            lines.append(forecast)
         deciding = diagnosis.deciding
         for layer in LAYERS[:-1]:
             lines.append(f"  {layer}")
@@ -99,5 +136,6 @@ def document(diagnoses: list[Diagnosis], *, prometheus: str, at: float, settings
             } for reading in diagnosis.checks],
             "evidence": diagnosis.evidence,
             "runbook": None if deciding is None else _runbook(deciding.runbook),
+            "forecast": diagnosis.forecast or None,
         })
     return {"prometheus": prometheus, "time": at, "settings": settings, "warnings": warnings, "workloads": workloads}

@@ -13,6 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from ..rules import forecast as fc
 from ..rules.alerts import alerts
 from ..rules.recording import COLLECTIVE_MISSING, RANK_POD
 from ..rules.settings import RulesSettings
@@ -122,12 +123,21 @@ class Culprit:
     why: str
 
 
+# the forecast's figures diagnose shows, by name in its JSON: the records the rules keep (rules/forecast.py)
+FORECAST = {"step": fc.STEP, "target_step": fc.TARGET, "progress_ratio": fc.PROGRESS,
+            "seconds_p50": fc.P50, "seconds_p90": fc.P90, "finish_p50": fc.FINISH_P50, "finish_p90": fc.FINISH_P90,
+            "gpu_hours_p50": fc.GPU_HOURS_P50, "gpu_hours_p90": fc.GPU_HOURS_P90,
+            "interruptions": fc.INTERRUPTIONS, "badput_gpu_hours": fc.BADPUT_GPU_HOURS, "deadline": fc.DEADLINE}
+
+
 @dataclass
 class Diagnosis:
     target: Target
     goodput_query: str
     cluster_label: str
     checks: list[CheckReading] = field(default_factory=list)
+    # when it will finish, as the rules forecast it (FORECAST's names; those the rules record now); empty: no target
+    forecast: dict[str, float] = field(default_factory=dict)
     # the ranks the others wait for (missing from a collective, or straggling), with their nodes; where there are
     # any, the GPU and node figures of the walk are read on the culprits' nodes only, not on the nodes that wait
     culprits: list[Culprit] = field(default_factory=list)
@@ -262,12 +272,16 @@ class Walk:
         with_gpus = {self._key(s.labels) for s in self.ask(f"count by ({c}, workload) ({held})")}
         values = {term: self._worst(term, regex) for check in self.checks for term in check.terms}
         culprits = self._culprits(regex)
+        forecasts: dict[tuple[str | None, str], dict[str, float]] = {}
+        for name, record in FORECAST.items():
+            for sample in self.ask(f"{record}{{workload=~{regex}}}"):
+                forecasts.setdefault(self._key(sample.labels), {})[name] = sample.value
         out = []
         for target in targets:
             here = matchers(target, c)
             ratio = f"workload:goodput_ratio:rate{self.s.windows[0]}"
             diagnosis = Diagnosis(target, with_matchers(ratio, here) or ratio, c,
-                                  culprits=culprits.get(target.key, []))
+                                  culprits=culprits.get(target.key, []), forecast=forecasts.get(target.key, {}))
             nodes = diagnosis.culprit_nodes
             own = string("^(?:" + re.escape(target.workload) + ")$")
             on_culprits = {term: self._worst(term, own, nodes) for check in self.checks for term in check.terms

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from .alerts import alert_groups
+from .forecast import forecast_groups
 from .inference import inference_groups
 from .recording import recording_groups
 from .settings import RulesSettings
@@ -34,6 +35,7 @@ def to_yaml(data: Any) -> str:
 def rule_files(settings: RulesSettings, source: str = "defaults") -> dict[str, str]:
     """File name -> content, for every file `goodput-exporter rules` writes."""
     header = HEADER.format(source=source)
-    recording = recording_groups(settings) + inference_groups(settings) + verdict_groups(settings)
+    recording = (recording_groups(settings) + forecast_groups(settings) + inference_groups(settings)
+                 + verdict_groups(settings))
     return {"goodput-recording.rules.yml": header + to_yaml({"groups": recording}),
             "goodput-alerts.rules.yml": header + to_yaml({"groups": alert_groups(settings)})}

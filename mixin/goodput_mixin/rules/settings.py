@@ -130,6 +130,25 @@ class RulesSettings(BaseModel):
     wasted_progress_ratio: float = Field(
         0.05, gt=0, lt=1, description="GoodputWastedProgress: share of the window spent redoing steps lost to "
         "restarts (the progress since the last checkpoint, each time).")
+    forecast_stale_window: str = Field(
+        "10m", description="Forecast: a workload whose step number did not change within this window has no "
+        "forecast of its finish (a job that stopped stepping, hung or done, is not forecast to finish in years).")
+    forecast_interruptions_per_gpu_hour: float = Field(
+        2e-5, gt=0, description="Forecast: the interruptions per GPU-hour assumed before the cluster has observed "
+        "any (the prior of every estimate, worth one interruption). Llama 3's pre-training saw 419 unexpected "
+        "interruptions in 54 days on 16,384 H100 GPUs: 419 / (54 x 24 x 16,384) = 2.0e-5 (Dubey et al., The Llama 3 "
+        "Herd of Models, 2024, section 3.3.4).")
+    forecast_interruption_cost: str = Field(
+        "15m", description="Forecast: the downtime and lost progress assumed for one interruption before a workload "
+        "has restarted (the prior of its own mean, worth one interruption): detecting the failure, rescheduling, "
+        "and redoing the steps since the last checkpoint. Its measured start-up and checkpoint restore are added.")
+    forecast_best_memory: str = Field(
+        "6h", description="Forecast: the window of a workload's best sustained goodput (workload:goodput_ratio:best1h, "
+        "the maximum of its 1h goodput over this window), which keeps it through a gap shorter than the window, e.g. "
+        "a Prometheus restart.")
+    deadline_at_risk_for: str = Field(
+        "30m", description="GoodputDeadlineAtRisk: for how long the P50 forecast of a workload's finish must pass its "
+        "declared deadline.")
     mfu_drop_ratio: float = Field(
         0.2, gt=0, lt=1, description="GoodputMFUDrop: model FLOPs utilization this much below the workload's "
         "baseline.")
@@ -335,6 +354,8 @@ class RulesSettings(BaseModel):
 
     @field_validator("slow_groups_interval", "memory_predict_window", "memory_predict_horizon",
                      "goodput_trend_window", "goodput_drop_for", "wasted_progress_window", "mfu_drop_for",
+                     "forecast_stale_window", "forecast_interruption_cost", "forecast_best_memory",
+                     "deadline_at_risk_for",
                      "idle_while_allocated_for", "straggler_for", "stage_imbalance_for", "straggler_random_for",
                      "step_shift_window", "rank_missing_for",
                      "throttle_for", "reset_required_for", "risk_watch_for", "risk_drain_for",

@@ -14,10 +14,12 @@ from .flops import FlopsProbe
 from .lightning import LightningProbe
 from .optimizer import OptimizerProbe
 from .pipeline import PipelineProbe
+from .schedule import ScheduleProbe
 from .transformers import TransformersProbe
 
 PROBES: tuple[type[Probe], ...] = (OptimizerProbe, DataLoaderProbe, CheckpointProbe, DistributedCheckpointProbe,
                                    CollectivesProbe, BackwardProbe, CompileProbe, EvalProbe, FlopsProbe,
-                                   TransformersProbe, LightningProbe, PipelineProbe)
+                                   TransformersProbe, LightningProbe, PipelineProbe,
+                                   ScheduleProbe)
 
 __all__ = ["PROBES", "Probe"]

@@ -1,9 +1,13 @@
 """PyTorch Lightning Trainer: a callback added to every Trainer times its validation runs as eval, exactly (from
 on_validation_start to on_validation_end, the sanity check's included), and reads the global step at the start of
-training; Trainer.save_checkpoint is checkpoint_save. Both `lightning` and `pytorch_lightning` are watched."""
+training and the optimizer steps the fit ends at (the job's target); Trainer.save_checkpoint is checkpoint_save.
+Both `lightning` and `pytorch_lightning` are watched."""
 
 from __future__ import annotations
 
+import contextlib
+
+from ...telemetry import TARGET_FRAMEWORK
 from .base import Probe
 
 TYPE_CHECKING = False
@@ -49,3 +53,14 @@ class LightningProbe(Probe):
     def train_starts(self, trainer: Any) -> None:
         self.recorder.activate("lightning Trainer.fit")
         self.recorder.resumed(int(trainer.global_step or 0))
+        with contextlib.suppress(Exception):  # no target is no failure of the probe
+            self.target(trainer)
+
+    def target(self, trainer: Any) -> None:
+        """The optimizer steps the fit ends at: Lightning's estimate (max_steps, or max_epochs times the optimizer
+        steps of an epoch, whichever ends it first; infinite when neither bounds it), else max_steps."""
+        steps = trainer.estimated_stepping_batches
+        if not (isinstance(steps, (int, float)) and 0 < steps < float("inf")):
+            steps = trainer.max_steps
+        if isinstance(steps, (int, float)) and 0 < steps < float("inf"):
+            self.recorder.target(int(steps), TARGET_FRAMEWORK)

@@ -1,11 +1,13 @@
 """Hugging Face Trainer: training starts at Trainer.train (its global step then, when it resumed from a checkpoint,
-is where the steps count on from); Trainer.evaluate is eval, exactly; Trainer._save_checkpoint (the model's
-safetensors, the optimizer, the scheduler and the trainer state) is checkpoint_save and _load_from_checkpoint is
-checkpoint_restore; each step's model FLOPs are what the Trainer counts itself (its `floating_point_ops` of each
-micro-batch, 6 x parameters x tokens, which it sums into `total_flos`), summed over the step's micro-batches."""
+is where the steps count on from; its TrainerState.max_steps, where the training ends, is the job's target);
+Trainer.evaluate is eval, exactly; Trainer._save_checkpoint (the model's safetensors, the optimizer, the scheduler and
+the trainer state) is checkpoint_save and _load_from_checkpoint is checkpoint_restore; each step's model FLOPs are
+what the Trainer counts itself (its `floating_point_ops` of each micro-batch, 6 x parameters x tokens, which it sums
+into `total_flos`), summed over the step's micro-batches."""
 
 from __future__ import annotations
 
+from ...telemetry import TARGET_FRAMEWORK
 from .base import Probe
 
 TYPE_CHECKING = False
@@ -69,13 +71,15 @@ class TransformersProbe(Probe):
             """goodput-instrument's: the global step at the start of training."""
 
             def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-                probe.guarded(probe.train_begins, state.global_step)
+                probe.guarded(probe.train_begins, state.global_step, getattr(state, "max_steps", None))
 
         return GoodputInstrumentCallback
 
-    def train_begins(self, global_step: int | None) -> None:
+    def train_begins(self, global_step: int | None, max_steps: int | None = None) -> None:
         self.recorder.activate("transformers.Trainer.train")
         self.recorder.resumed(int(global_step or 0))
+        if isinstance(max_steps, int) and max_steps > 0:  # the Trainer's own: args.max_steps, or epochs x steps each
+            self.recorder.target(max_steps, TARGET_FRAMEWORK)
 
     def removed(self) -> None:
         if self.recorder.flops_provider is self:

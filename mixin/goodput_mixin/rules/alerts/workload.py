@@ -1,9 +1,11 @@
-"""Alerts on a training workload's progress: goodput drops, progress lost to restarts, MFU drops. Group
+"""Alerts on a training workload's progress: goodput drops, progress lost to restarts, MFU drops, a finish forecast
+past the workload's deadline. Group
 `goodput.alerts.workload` (its ranks and collectives: `goodput.alerts.collective`). Each names a workload, so each
 carries its verdict and the `diagnose` command (alert.py)."""
 
 from __future__ import annotations
 
+from ..forecast import DEADLINE, FINISH_P50, P50
 from ..settings import RulesSettings, seconds
 from .alert import Alert
 
@@ -39,6 +41,17 @@ def alerts(s: RulesSettings) -> list[Alert]:
             f"Workload {{{{ $labels.workload }}}} redid {{{{ $value | humanizeDuration }}}} of steps in the last "
             f"{wasted} (more than {s.wasted_progress_ratio * 100:g}% of it): the progress since its last checkpoint, "
             "lost at each restart.",
+            per_workload=True),
+        Alert(
+            "GoodputDeadlineAtRisk", "deadline-at-risk.md", "warning",
+            f"{FINISH_P50}\n  - {DEADLINE}\n  > 0",
+            s.deadline_at_risk_for,
+            "A training workload is forecast to finish after its deadline.",
+            f"Workload {{{{ $labels.workload }}}} is forecast (P50) to finish {{{{ $value | humanizeDuration }}}} "
+            f"after the deadline it declared, for {s.deadline_at_risk_for}: at its step time, badput and "
+            "interruption risk, {{ with printf \"" + P50 + f"{{{s.cluster_label}=%q,workload=%q}}\" "
+            f"$labels.{s.cluster_label} $labels.workload | query }}}}{{{{ . | first | value | humanizeDuration }}}}"
+            "{{ end }} to go.",
             per_workload=True),
         Alert(
             "GoodputMFUDrop", "mfu-drop.md", "warning",

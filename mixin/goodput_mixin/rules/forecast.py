@@ -1,0 +1,189 @@
+"""When each training workload will finish: its progress towards its target, the time and GPU-hours left at P50 and
+P90 with its risk of interruptions, and what its badput costs ahead. docs/forecast.md explains the model.
+
+    uninterrupted  remaining steps x the workload's robust step time / (1 - its step overhead)
+                   robust step time: the median over its ranks of each rank's change-detector baseline (the level it
+                   holds through checkpoint and evaluation spikes; else its 1h median of per-minute medians)
+                   step overhead: the share of its ranks' run time outside steps (evaluation, checkpoint saves,
+                   untracked), from the daemon's lifetime counters; start-up, checkpoint restores and compilation
+                   are left out (a restart pays them again: they are in the interruption cost)
+    rate           interruptions per GPU-hour (one GPU per rank): the workload's restarts over its rank-hours, with
+                   the cluster's rate as a prior worth one interruption, (restarts + 1) / (rank-hours + 1 / prior);
+                   the cluster's the same over every workload it sees, with forecast_interruptions_per_gpu_hour as
+                   its prior. A young workload gets the cluster's rate; one with a history, its own.
+    cost           the workload's mean downtime, redone steps, start-up and checkpoint restore per interruption, with
+                   forecast_interruption_cost as a prior worth one: (their seconds + prior) / (restarts + 1)
+    interruptions  expected over the time left: lambda x T50, lambda = rate x ranks (per second), T50 the P50 below
+    P50            uninterrupted / (1 - lambda x cost): the time left, its expected interruptions' cost included
+                   (absent where lambda x cost >= 0.9: at that rate the job barely finishes)
+    P90            P50 + 1.2816 x sqrt(interruptions) x cost: the Poisson count's 90th percentile, to first order
+
+Every figure is the daemon's lifetime counters' last value or a gauge (no range but the stale window's and the best
+goodput's memory), so a Prometheus restart loses nothing but the evaluations it missed. A workload with no target
+(goodput_target_step_number) or no step within forecast_stale_window has no forecast: absent, never 0 or a huge one.
+
+Groups, each evaluated every slow_groups_interval, three levels deep: the raw series read once (progress, then the
+lifetime history), the estimates from those (a few hundred series, whatever the GPU count), the finish figures from the
+estimates. No rule reads a record of its own group: vmalert reads recorded series back from its store, where a result
+of the same evaluation is not yet visible, so each link of a chain inside a group came an evaluation later (with 5 s
+groups the P90 and the finish dates were 30-40 s behind a job's start, past the live test's run; with 1m groups,
+minutes). Prometheus sees a group's earlier rules at once; both see another group's after at most an evaluation.
+"""
+
+from __future__ import annotations
+
+from .recording import Group, Rule
+from .settings import RulesSettings, seconds
+
+Z90 = 1.2816  # the standard normal's 90th percentile
+MAX_LOAD = 0.9  # lambda x cost at or above it: no forecast
+
+STEP = "workload:goodput_step_number:max"
+TARGET = "workload:goodput_target_step_number:max"
+DEADLINE = "workload:goodput_deadline_timestamp_seconds:min"
+RANKS = "workload:goodput_ranks:count"
+STEP_TIME = "workload:goodput_step_time_seconds:median"
+OVERHEAD = "workload:goodput_step_overhead_ratio:lifetime"
+RESTARTS = "workload:goodput_restarts:max"
+WALL = "workload:goodput_wall_seconds:lifetime"
+LOST = "workload:goodput_interruption_seconds:lifetime"
+CLUSTER_RATE = "cluster:goodput_interruptions_per_gpu_hour:estimate"
+RATE = "workload:goodput_interruptions_per_gpu_hour:estimate"
+COST = "workload:goodput_interruption_cost_seconds:estimate"
+PROGRESS = "workload:goodput_progress_ratio"
+REMAINING = "workload:goodput_remaining_steps"
+UNINTERRUPTED = "workload:goodput_time_to_finish_seconds:uninterrupted"
+INTERRUPTIONS = "workload:goodput_interruptions_to_finish:mean"
+P50 = "workload:goodput_time_to_finish_seconds:p50"
+P90 = "workload:goodput_time_to_finish_seconds:p90"
+FINISH_P50 = "workload:goodput_finish_timestamp_seconds:p50"
+FINISH_P90 = "workload:goodput_finish_timestamp_seconds:p90"
+GPU_HOURS_P50 = "workload:goodput_gpu_hours_to_finish:p50"
+GPU_HOURS_P90 = "workload:goodput_gpu_hours_to_finish:p90"
+BADPUT_GPU_HOURS = "workload:goodput_badput_gpu_hours_to_finish:vs_best"
+
+
+def best(s: RulesSettings) -> str:
+    return f"workload:goodput_ratio:best{s.windows[-1]}"
+
+
+def _progress(s: RulesSettings) -> list[Rule]:
+    c = s.cluster_label
+    by = f"{c}, workload"
+    return [
+        {"record": STEP, "expr": f"max by ({by}) (goodput_step_number)"},
+        {"record": TARGET, "expr": f"max by ({by}) (goodput_target_step_number)"},
+        {"record": DEADLINE, "expr": f"min by ({by}) (goodput_deadline_timestamp_seconds)"},
+        # the ranks reporting now (a dormant rank's account has no last-event gauge)
+        {"record": RANKS, "expr": f"count by ({by}) (goodput_workload_last_event_timestamp_seconds)"},
+        # each rank's normal level (else its hour's median), the median rank's; only while the workload steps
+        {"record": STEP_TIME,
+         "expr": f"quantile by ({by}) (\n  0.5,\n  goodput_step_time_baseline_seconds\n"
+                 f'  or ignoring (window)\n  goodput_step_time_seconds{{window="1h"}}\n)\n'
+                 f"and on ({by})\n"
+                 f"  max by ({by}) (changes(goodput_step_number[{s.forecast_stale_window}])) > 0"},
+    ]
+
+
+def _history(s: RulesSettings) -> list[Rule]:
+    c = s.cluster_label
+    by = f"{c}, workload"
+    per_launch = 'sum without (phase) (goodput_phase_seconds_total{phase=~"startup|checkpoint_restore"})'
+    return [
+        # run time outside steps: of each rank's elapsed time less what each launch pays once (start-up, checkpoint
+        # restore, compilation), the share its steps did not take; the ranks with a step histogram only
+        {"record": OVERHEAD,
+         "expr": f"clamp(\n  1 - sum by ({by}) (goodput_step_duration_seconds_sum)\n  / (\n    sum by ({by}) (\n"
+                 "      (\n        goodput_elapsed_seconds_total\n"
+                 '        - sum without (phase) (goodput_phase_seconds_total{phase=~"startup|checkpoint_restore|'
+                 'compile"})\n      )\n      and goodput_step_duration_seconds_sum\n    ) > 0\n  ),\n'
+                 "  0, 0.95\n)"},
+        # a job's ranks restart together: its restarts are its ranks' most
+        {"record": RESTARTS, "expr": f"max by ({by}) (goodput_workload_restarts_total)"},
+        # rank-seconds of wall time since each rank first reported (GPU-seconds, one GPU per rank)
+        {"record": WALL,
+         "expr": f"sum by ({by}) (\n  goodput_elapsed_seconds_total\n  + goodput_downtime_seconds_total\n)"},
+        # what the interruptions cost it: the rank's downtime, its redone steps, and what each launch paid
+        {"record": LOST,
+         "expr": f"max by ({by}) (\n  goodput_downtime_seconds_total\n  + goodput_wasted_seconds_total\n"
+                 f"  + {per_launch}\n)"},
+    ]
+
+
+def _cluster_rate(s: RulesSettings) -> str:
+    """The cluster's interruptions per GPU-hour, from the history group's records."""
+    c = s.cluster_label
+    prior = 1 / s.forecast_interruptions_per_gpu_hour
+    return f"(sum by ({c}) ({RESTARTS}) + 1)\n/ (sum by ({c}) ({WALL}) / 3600 + {prior:g})"
+
+
+def _estimates(s: RulesSettings) -> list[Rule]:
+    """Level 2: each read only the raw groups' records (progress, history), never a record of its own group, so that
+    a ruler that reads recorded series back from its store (vmalert) sees them as soon as Prometheus does."""
+    c = s.cluster_label
+    prior_rate = 1 / s.forecast_interruptions_per_gpu_hour
+    remaining = f"clamp_min({TARGET} - {STEP}, 0)"
+    cluster_rate = _cluster_rate(s).replace("\n", "\n      ")
+    return [
+        {"record": CLUSTER_RATE, "expr": _cluster_rate(s)},
+        {"record": PROGRESS, "expr": f"clamp_max({STEP} / ({TARGET} > 0), 1)"},
+        {"record": REMAINING, "expr": remaining},
+        # the cluster's rate inline, not its record: a record of the same group is read back one evaluation late
+        {"record": RATE,
+         "expr": f"({RESTARTS} + 1)\n/ (\n    {WALL} / 3600\n    + on ({c}) group_left ()\n"
+                 f"      (1 / (\n      {cluster_rate}\n      ))\n"
+                 f"  or\n    {WALL} / 3600 + {prior_rate:g}\n)"},
+        {"record": COST,
+         "expr": f"({LOST} + {seconds(s.forecast_interruption_cost)})\n/ ({RESTARTS} + 1)"},
+        # no overhead figure (no step histogram yet): none
+        {"record": UNINTERRUPTED,
+         "expr": f"{remaining} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
+        # the best goodput it sustained over the long window within the memory: kept through a gap shorter than it
+        # (a max_over_time of another record, not a running maximum reading its own: that would be a cycle)
+        {"record": best(s), "expr": _best_expr(s)},
+    ]
+
+
+def _best_expr(s: RulesSettings) -> str:
+    return f"max_over_time(workload:goodput_ratio:rate{s.windows[-1]}[{s.forecast_best_memory}])"
+
+
+def _finish(s: RulesSettings) -> list[Rule]:
+    """Level 3: from the estimates' records only. P50 = uninterrupted + interruptions x cost, with interruptions =
+    lambda x P50, is uninterrupted / (1 - lambda x cost); each figure is written out from the estimates rather than
+    read from another record of this group (vmalert would see that one an evaluation late, each link of a chain one
+    more: a finish date minutes behind its inputs and absent for as long after a job starts)."""
+    lam = f"{RATE} * {RANKS} / 3600"  # interruptions per second of the workload's wall time
+    load = f"(1 - ({lam} * {COST} < {MAX_LOAD:g}))"  # absent at or above MAX_LOAD
+    p50 = f"{UNINTERRUPTED}\n/ {load}"
+    interruptions = f"{UNINTERRUPTED} * {lam}\n/ {load}"
+    p90 = f"{p50}\n+ {Z90:g} * sqrt(\n  {interruptions.replace(chr(10), chr(10) + '  ')}\n) * {COST}"
+    goodput = f"workload:goodput_ratio:rate{s.windows[-1]}"
+
+    def times(expr: str, factor: str) -> str:
+        return f"(\n  {expr.replace(chr(10), chr(10) + '  ')}\n)\n{factor}"
+
+    return [
+        {"record": INTERRUPTIONS, "expr": interruptions},
+        {"record": P50, "expr": p50},
+        {"record": P90, "expr": p90},
+        {"record": FINISH_P50, "expr": f"time() + {times(p50, '')}".rstrip()},
+        {"record": FINISH_P90, "expr": f"time() + {times(p90, '')}".rstrip()},
+        {"record": GPU_HOURS_P50, "expr": times(p50, f"* {RANKS} / 3600")},
+        {"record": GPU_HOURS_P90, "expr": times(p90, f"* {RANKS} / 3600")},
+        # the GPU-hours of its uninterrupted time left that its best goodput would not spend (the best written out,
+        # not read from its record: the long-window goodput is itself deep in the rules' levels)
+        {"record": BADPUT_GPU_HOURS,
+         "expr": f"clamp_min(\n  {UNINTERRUPTED} * {RANKS} / 3600\n  * (1 - {goodput} / ({_best_expr(s)} > 0)),\n"
+                 "  0\n)"},
+    ]
+
+
+def forecast_groups(s: RulesSettings) -> list[Group]:
+    interval = {"interval": s.slow_groups_interval}
+    return [
+        {"name": "goodput.forecast_progress", **interval, "rules": _progress(s)},
+        {"name": "goodput.forecast_history", **interval, "rules": _history(s)},
+        {"name": "goodput.forecast_estimates", **interval, "rules": _estimates(s)},
+        {"name": "goodput.forecast", **interval, "rules": _finish(s)},
+    ]
