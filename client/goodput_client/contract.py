@@ -46,7 +46,7 @@ A "role" event says where the rank sits in its job's parallelism, so that the ru
 
     0 <= S < MAX_ROLE_INDEX, 0 <= D < MAX_ROLE_INDEX, both required. pipeline_stage: the rank's pipeline stage
     (0 without pipeline parallelism); data_parallel_rank: the index of its pipeline (its model replica). The
-    daemon keeps the last one per rank; the client sends it again every ROLE_RESEND_SECONDS, so a daemon that
+    daemon keeps the last one per rank; the client sends it again every RESEND_SECONDS, so a daemon that
     restarted learns it again.
 
 A "target" event says where the job's training ends, where the job, its framework or its launcher knows it, for
@@ -58,7 +58,7 @@ the forecast of when it finishes:
     deadline      U > 0, Unix time: when the job's owner needs it finished (DEADLINE_ENV).
 
     Both optional (absent or null: not known); each event replaces the rank's previous declaration whole. The
-    daemon keeps the last one per rank; the client sends it again every TARGET_RESEND_SECONDS, so that a daemon that
+    daemon keeps the last one per rank; the client sends it again every RESEND_SECONDS, so that a daemon that
     restarted learns it again.
 
 A "request" event is one finished request of an inference server (any process streaming tokens), for
@@ -135,12 +135,11 @@ MIN_DURATION = 1e-9  # a step's duration is positive: shorter ones are sent as t
 WORKLOAD_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,127}$"
 MAX_RANK = 1_000_000
 MAX_ROLE_INDEX = 1_000_000  # pipeline stages, data-parallel replicas
-ROLE_RESEND_SECONDS = 60.0
+RESEND_SECONDS = 60.0  # how often a client sends the rank's role and target again (a restarted daemon forgot them)
 PIPELINE_STAGE_ENV = "GOODPUT_PIPELINE_STAGE"  # a rank's role, where neither the job nor a probe tells it
 DATA_PARALLEL_RANK_ENV = "GOODPUT_DATA_PARALLEL_RANK"
 TARGET_STEPS_ENV = "GOODPUT_TARGET_STEPS"  # the job's last step number, where neither the job nor a probe tells it
 DEADLINE_ENV = "GOODPUT_DEADLINE"  # when the job must be finished: Unix seconds, or ISO 8601 with its UTC offset
-TARGET_RESEND_SECONDS = ROLE_RESEND_SECONDS
 MAX_DEADLINE = 1e11  # Unix time (the year 5138): a later one is a unit error (milliseconds)
 _FOLDER_SAFE = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
 _HEX = frozenset("0123456789ABCDEFabcdef")

@@ -45,15 +45,15 @@ from .contract import (
     ITL_BUCKETS,
     LIFECYCLE_EVENTS,
     MAX_COUNT,
+    MAX_DEADLINE,
     MAX_FLOPS,
     MAX_ROLE_INDEX,
     MAX_SECONDS,
     MODEL_PATTERN,
     PHASES,
     PIPELINE_STAGE_ENV,
-    ROLE_RESEND_SECONDS,
+    RESEND_SECONDS,
     SOCKET_ENV,
-    TARGET_RESEND_SECONDS,
     TARGET_STEPS_ENV,
     batch_body,
     capture_event,
@@ -219,8 +219,6 @@ def _env_int(text: str) -> int | str:
 
 def _deadline(value: object) -> float | None:
     """A Unix time as sent: a number within (0, MAX_DEADLINE] (NaN and infinities fail the bounds), else None."""
-    from .contract import MAX_DEADLINE
-
     if isinstance(value, (bool, str, bytes)):
         return None
     try:
@@ -487,15 +485,13 @@ class Telemetry:
         self._polling = self.captures  # off for good once the daemon refuses a poll (an older one)
         self._last_post = time.monotonic()
         self._closing = False
-        # the rank's role in the job's parallelism (pipeline stage, data-parallel rank), once told: sent at once and
-        # again every ROLE_RESEND_SECONDS by the sender
+        # the rank's role in the job's parallelism (pipeline stage, data-parallel rank), and where the job's training
+        # ends (its last step's number) and its deadline, each with the precedence of who told it
+        # (TARGET_FRAMEWORK...TARGET_EXPLICIT): each sent once told, and both again every RESEND_SECONDS by the sender
         self._role: tuple[int, int] | None = None
-        self._role_sent = 0.0
-        # where the job's training ends (its last step's number) and its deadline, each with the precedence of who
-        # told it (TARGET_FRAMEWORK...TARGET_EXPLICIT): sent at once and again every TARGET_RESEND_SECONDS
         self._target: list = [None, None]  # type: ignore[type-arg]
         self._target_by = [-1, -1]
-        self._target_sent = 0.0
+        self._resent = time.monotonic()
         if url:
             self._transport: Transport = Transport(url=url, token=token, timeout=timeout)
         else:
@@ -660,7 +656,6 @@ class Telemetry:
         if self._role == (stage, replica):
             return
         self._role = (stage, replica)
-        self._role_sent = time.monotonic()
         self._put(("role", stage, replica))
 
     def target(self, steps: int | None = None, *, deadline: float | None = None) -> None:
@@ -692,7 +687,7 @@ class Telemetry:
         changed = False
         if steps is not None:
             number = _whole(steps, 1)
-            if number is None or number > MAX_COUNT:
+            if number is None:
                 self._warn_once("target", "goodput telemetry: target steps %s not sent: expected an int within "
                                 "[1, %d]", repr(steps), MAX_COUNT)
             elif by >= self._target_by[0]:
@@ -707,7 +702,6 @@ class Telemetry:
                 changed |= self._target[1] != when
                 self._target[1], self._target_by[1] = when, by
         if changed:
-            self._target_sent = time.monotonic()
             self._put(("target", *self._target))
 
     # --- inference requests ----------------------------------------------------------------------------
@@ -1002,19 +996,24 @@ class Telemetry:
             self._idle.clear()
             try:
                 self._report_open_phases()
-                role = self._role
-                if role is not None and time.monotonic() - self._role_sent >= ROLE_RESEND_SECONDS:
-                    self._role_sent = time.monotonic()
-                    self._put(("role", *role))
-                if self._target != [None, None] and time.monotonic() - self._target_sent >= TARGET_RESEND_SECONDS:
-                    self._target_sent = time.monotonic()
-                    self._put(("target", *self._target))
+                if time.monotonic() - self._resent >= RESEND_SECONDS:
+                    self._resend_declarations()
                 self._send_pending()
                 if self._polling and time.monotonic() - self._last_post >= self.poll_interval:
                     self._poll()
             finally:
                 self._idle.set()
         self._send_pending()
+
+    def _resend_declarations(self) -> None:
+        """The rank's role and target again, as last told (on the sender thread): a daemon that restarted since has
+        forgotten them."""
+        self._resent = time.monotonic()
+        role = self._role
+        if role is not None:
+            self._put(("role", *role))
+        if self._target != [None, None]:
+            self._put(("target", *self._target))
 
     def _end_profile(self, timeout: float) -> None:
         """A profile capture asked for or running as the process ends: stopped and answered, never left hanging.
