@@ -22,6 +22,7 @@ $OUT_DIR/<run>-rank-N.json. Fixed seeds.
 import json
 import os
 import time
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -113,13 +114,9 @@ def timed_step(optimizer: torch.optim.Optimizer) -> None:
     OWN["work"] += time.perf_counter() - started
 
 
-def train_ddp(rank: int, world: int) -> torch.nn.Module:
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = DistributedDataParallel(model_for(rank))
-    timing = Timing(world)
-    if os.environ.get("COMM_HOOK", "1") != "0":
-        model.register_comm_hook(None, timing.hook)
+def train_loop(model: torch.nn.Module, rank: int, exposed: Callable[[], float] | None = None) -> torch.nn.Module:
+    """The plain loop of the DDP and FSDP2 jobs: SGD, each step timed; `exposed`: the step's exposed wait, as the job's
+    own comm hook measured it."""
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
     for step in range(STEPS):
         started = time.perf_counter()
@@ -128,10 +125,21 @@ def train_ddp(rank: int, world: int) -> torch.nn.Module:
         optimizer.zero_grad()
         loss.backward()
         timed_step(optimizer)
-        OWN["exposed_wait"] += timing.exposed()
+        if exposed is not None:
+            OWN["exposed_wait"] += exposed()
         OWN["losses"].append(loss.item())
         OWN["step_time"] += time.perf_counter() - started
     return model
+
+
+def train_ddp(rank: int, world: int) -> torch.nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(model_for(rank))
+    timing = Timing(world)
+    if os.environ.get("COMM_HOOK", "1") != "0":
+        model.register_comm_hook(None, timing.hook)
+    return train_loop(model, rank, timing.exposed)
 
 
 def train_fsdp2(rank: int, world: int) -> torch.nn.Module:
@@ -141,17 +149,7 @@ def train_fsdp2(rank: int, world: int) -> torch.nn.Module:
     for layer in model:
         fully_shard(layer)
     fully_shard(model)
-    optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-    for step in range(STEPS):
-        started = time.perf_counter()
-        x, y = data(rank, step)
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        optimizer.zero_grad()
-        loss.backward()
-        timed_step(optimizer)
-        OWN["losses"].append(loss.item())
-        OWN["step_time"] += time.perf_counter() - started
-    return model
+    return train_loop(model, rank)
 
 
 def train_pipeline(rank: int, world: int) -> torch.nn.Module:

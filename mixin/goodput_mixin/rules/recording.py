@@ -426,7 +426,7 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
     with T_ideal the step time were every rank as fast as its stage's typical rank. A step lasts as long as its
     slowest rank's own time plus the collectives' transfer; so T_ideal = T - (O_max - M_max): the step time (the
     workload's longest mean step) less how far the slowest rank's own time is above the typical own time of the
-    slowest stage (the median of its ranks; without roles, of every rank).
+    slowest stage (the median of its ranks, the faster of two; without roles, of every rank).
     - One slow rank in plain DDP: O_max is that rank's, M_max every other rank's: the whole gap is lost.
     - A pipeline with one stage slower by construction: O_max is that stage's typical rank's, M_max the same: no
       straggler cost (the imbalance is the job's design: workload:goodput_stage_imbalance_ratio and a ticket).
