@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ManualClock, free_port, live_server, promtool, quick_config, series, value, wait_for
+from goodput_client import Telemetry
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.ingest.models import EventBatch
@@ -179,3 +180,47 @@ def test_idle_and_ended_ranks_expire() -> None:
     state.apply(events)  # room again: expired ranks no longer count against the caps
     with pytest.raises(Rejected):
         state.apply(EventBatch.model_validate({"events": [step(f"w{i}", 0) for i in range(4)]}).events)
+
+
+def test_own_variation_is_the_spread_of_each_ranks_own_time_per_step() -> None:
+    """goodput_step_own_variation_ratio, from the real client's events: 0 for the same work each step whatever its
+    waits (comm_wait is not the rank's own time) and whatever one odd step (a checkpoint); the spread of a rank whose
+    work differs from step to step; absent below 8 steps with phases, and for steps reported without phases."""
+    config = quick_config()
+    with live_server(config) as live:
+        ranks = {name: Telemetry("varied", rank, socket_path=config.ingest.socket_path, flush_interval=0.05,
+                                 captures=False)
+                 for rank, name in enumerate(("steady", "waits", "uneven", "few", "bare"))}
+        try:
+            for n in range(20):
+                ranks["steady"].record_phase("compute", 0.2)
+                if n == 10:  # one checkpoint step among twenty
+                    ranks["steady"].record_phase("checkpoint_save", 5.0)
+                ranks["waits"].record_phase("compute", 0.2)
+                ranks["waits"].record_phase("comm_wait", 0.1 * (n % 5))  # waits for its peers, differently
+                ranks["uneven"].record_phase("compute", (0.1, 0.2, 0.3, 0.4)[n % 4])  # the batch differs
+                ranks["uneven"].record_phase("comm_wait", 0.05)
+                if n < 7:
+                    ranks["few"].record_phase("compute", 0.1 * (1 + n % 2))
+                    ranks["few"].record_step(0.3)
+                for name in ("steady", "waits", "uneven", "bare"):
+                    ranks[name].record_step(0.6)
+            for telemetry in ranks.values():
+                telemetry.flush()
+
+            def published() -> dict[str, float | None]:
+                text = live.metrics()
+                if value(text, "goodput_steps_total", workload="varied", rank="4") != 20:
+                    return {}
+                return {name: value(text, "goodput_step_own_variation_ratio", workload="varied", rank=str(rank))
+                        for rank, name in enumerate(ranks)}
+
+            found = wait_for(published)
+        finally:
+            for telemetry in ranks.values():
+                telemetry.close()
+    assert found["steady"] == 0 and found["waits"] == 0, found
+    # own times 0.1, 0.2, 0.3, 0.4 s five times each: quartiles at positions 5.25 and 15.75 of 20 (0.125 s and
+    # 0.375 s), median 0.25 s; a normal distribution's interquartile range is 1.349 standard deviations
+    assert found["uneven"] == pytest.approx((0.375 - 0.125) / 1.349 / 0.25, rel=1e-6), found
+    assert found["few"] is None and found["bare"] is None, found

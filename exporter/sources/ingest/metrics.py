@@ -59,6 +59,13 @@ STEP_BASELINE = _m(
     "goodput_step_time_baseline_seconds", Kind.GAUGE, "seconds",
     "The step duration the rank's change detector holds as its normal level (robust to checkpoint and evaluation "
     "spikes); it moves only when a lasting shift is detected.", WR)
+STEP_OWN_VARIATION = _m(
+    "goodput_step_own_variation_ratio", Kind.GAUGE, "ratio",
+    "How much the rank's own time per step (its phases other than comm_wait between two steps) varies over its "
+    "last 64 steps: their interquartile range over 1.349 times their median, a coefficient of variation robust to "
+    "the odd checkpoint step. About 0.01 for work that is the same each step (even on a slow node or a slow "
+    "pipeline stage), 0.1 and more when batches differ from step to step and every rank waits for another in turn "
+    "(the straggler rules' random kind). Absent until 8 steps with phases.", WR)
 STEP_SHIFTS = _m(
     "goodput_step_time_shifts_total", Kind.COUNTER, "",
     "Lasting shifts of the rank's step duration found by its change detector, by direction (up: slower, down: "

@@ -25,6 +25,7 @@ from .models import LifecycleEvent, PhaseEvent, RequestEvent, RoleEvent, StepEve
 from .peer import ROOT_UID, Sender, start_time
 from .settings import IngestConfig
 from .statefile import ERROR_REASONS, StateFile
+from .variation import OwnVariation
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ class _Rank:
     target: tuple[int | None, float | None] = (None, None)  # (last step, deadline), as the rank last declared them
     last_save: float | None = None  # when its last checkpoint_save phase arrived (ended), wall-clock seconds
     save_interval: float | None = None  # seconds between its last two saves
+    variation: OwnVariation = field(default_factory=OwnVariation)  # its own time's spread from step to step
 
 
 SHIFT_DIRECTIONS = {1: "up", -1: "down"}
@@ -319,6 +321,7 @@ class IngestState:
                 elif isinstance(event, StepEvent):
                     rank.account.step(now, event.duration_seconds, event.step, event.flops, event.dtype,
                                       event.elapsed_seconds, event.tokens, event.samples)
+                    rank.variation.step()
                     direction = rank.detector.observe(event.duration_seconds, now)
                     if direction:
                         rank.account.shifts[SHIFT_DIRECTIONS[direction]] += 1
@@ -326,6 +329,7 @@ class IngestState:
                                         [r for w, r in self._ranks if w == event.workload]))
                 elif isinstance(event, PhaseEvent):
                     rank.account.phase(now, event.phase, event.seconds, event.elapsed_seconds)
+                    rank.variation.phase(event.phase, event.seconds)
                     if DEPRECATED_PHASES.get(event.phase, event.phase) == "checkpoint_save":
                         if rank.last_save is not None:
                             rank.save_interval = now - rank.last_save
@@ -343,6 +347,7 @@ class IngestState:
                     restart = event.event == "restart"
                     rank.account.restarts += restart
                     rank.ended_at = None
+                    rank.variation.restart()
                     rank.account.session(now, restart, event.elapsed_seconds, event.started_at,
                                          event.resumed_from_step)
                 self.accepted[event.type] += 1
@@ -569,6 +574,8 @@ class IngestState:
                         batch.add(c.STEP_TIME, (*key, window), summaries[window])
                 if rank.detector.baseline is not None:
                     batch.add(c.STEP_BASELINE, key, rank.detector.baseline)
+                if (variation := rank.variation.value()) is not None:
+                    batch.add(c.STEP_OWN_VARIATION, key, variation)
                 batch.add(c.LAST_EVENT, key, rank.last_event)
                 if rank.last_save is not None:
                     batch.add(c.CHECKPOINT_LAST_SAVE, key, rank.last_save)
