@@ -573,13 +573,16 @@ def _pipelines(f: Fleet, node: Target) -> None:
     """Two more jobs a step a second, all hour: `pipeline`, two stages of two replicas (their roles), the last stage
     computing twice as long by construction (the stage-imbalance ticket), its bubbles untracked, its collectives timed
     on the GPU (NCCL's durations: the GPU-side wait); and `shuffled`, four ranks each waiting half of every step for
-    another in turn (the random-kind ticket)."""
+    another in turn (the random-kind ticket: their own times differ a little on average, 0.5 to 0.8 s, and much from
+    step to step, their goodput_step_own_variation_ratio 0.15; the pipeline's work is steady, 0.01)."""
     for name, ranks in (("pipeline", 4), ("shuffled", 4)):
         for r in range(ranks):
             w = {"workload": name, "rank": str(r)}
             stage = r % 2
             shares = ({"compute": 0.25 * (1 + stage), "comm_wait": 0.5 - 0.25 * stage, "untracked": 0.25}
-                      if name == "pipeline" else {"compute": 0.5, "comm_wait": 0.5})
+                      if name == "pipeline" else {"compute": 0.8 - 0.1 * r, "comm_wait": 0.2 + 0.1 * r})
+            f.gauge(node, "goodput_step_own_variation_ratio", w,
+                    lambda s, v=0.01 if name == "pipeline" else 0.15: v)
             for phase in PHASES:
                 share = shares.get(phase, 0.0)
                 f.counter(node, "goodput_phase_seconds_total", {**w, "phase": phase}, lambda s, v=share: v)

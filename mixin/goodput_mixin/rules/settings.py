@@ -160,14 +160,19 @@ class RulesSettings(BaseModel):
         1.5, gt=1, description="GoodputStraggler: a rank's own time per step over the median rank's.")
     straggler_for: str = Field("10m", description="GoodputStraggler: for how long.")
     stage_imbalance_ratio: float = Field(
-        1.3, gt=1, description="GoodputStageImbalance: the slowest pipeline stage's typical own time per step (the "
+        1.2, gt=1, description="GoodputStageImbalance: the slowest pipeline stage's typical own time per step (the "
         "median of its ranks') over the mean of every stage's (workloads that report their ranks' roles, "
-        "goodput_rank_role_info, with two stages or more).")
+        "goodput_rank_role_info, with two stages or more), while the ranks' work per step is steady (their median "
+        "goodput_step_own_variation_ratio at most straggler_random_variation).")
     stage_imbalance_for: str = Field("30m", description="GoodputStageImbalance: for how long.")
-    straggler_random_wait_ratio: float = Field(
-        0.3, gt=0, lt=1, description="GoodputStragglerRandom: share of the step that even the rank that waits least "
-        "spends waiting in collectives (the larger of its comm_wait and its GPU-side wait), with no rank slower than "
-        "straggler_ratio times its stage's median: every rank waits for another in turn.")
+    straggler_random_variation: float = Field(
+        0.05, gt=0, description="GoodputStragglerRandom: the median rank's goodput_step_own_variation_ratio (how much "
+        "its own time varies from step to step) above which the slowest rank changes from step to step. On ByteDance's "
+        "published straggler traces: 0.006 and 0.007 for a slow worker and a slow stage, 0.117 for the random kind.")
+    straggler_random_slowdown: float = Field(
+        1.1, gt=1, description="GoodputStragglerRandom: the workload's slowdown from stragglers "
+        "(workload:goodput_straggler_slowdown_ratio) above which the random kind is ticketed, with no rank slower "
+        "than straggler_ratio times its stage's median.")
     straggler_random_for: str = Field("30m", description="GoodputStragglerRandom: for how long.")
     step_shift_window: str = Field(
         "15m", description="workload:goodput_step_time_shift:info: how long a lasting shift up of a rank's step time "

@@ -13,7 +13,7 @@ with no node.
 
 from __future__ import annotations
 
-from ..recording import COLLECTIVE_MISSING, OWN_STAGE, STRAGGLER_COST, STRAGGLER_LOST, with_pod
+from ..recording import COLLECTIVE_MISSING, OWN_STAGE, OWN_VARIATION, STRAGGLER_COST, STRAGGLER_LOST, with_pod
 from ..settings import RulesSettings
 from ..verdict import CANDIDATE
 from .alert import Alert
@@ -48,6 +48,13 @@ def _cost(s: RulesSettings) -> str:
             '{{ . | first | value | printf "%.0f" }} GPU-hours a day{{ end }}.{{ end }}')
 
 
+def _variation(s: RulesSettings) -> str:
+    """The median rank's step-to-step variation of its own time, as a percentage (a query in the template)."""
+    c = s.cluster_label
+    return (f'{{{{ with printf "{OWN_VARIATION}{{{c}=%q,workload=%q}}" $labels.{c} $labels.workload | query }}}}'
+            "{{ . | first | value | humanizePercentage }}{{ end }}")
+
+
 def _slowest_stage(s: RulesSettings) -> str:
     """The slowest stage of the alert's workload (a query in the template), followed by a space."""
     c, w = s.cluster_label, s.windows[0]
@@ -77,26 +84,27 @@ def alerts(s: RulesSettings) -> list[Alert]:
             per_workload=True),
         Alert(
             "GoodputStageImbalance", "stage-imbalance.md", "warning",
-            f"workload:goodput_stage_imbalance_ratio:rate{short} > {s.stage_imbalance_ratio:g}",
+            f"workload:goodput_stage_imbalance_ratio:rate{short} > {s.stage_imbalance_ratio:g}\n"
+            f"unless on ({c}, workload)\n  {OWN_VARIATION} > {s.straggler_random_variation:g}",
             s.stage_imbalance_for,
             "One pipeline stage of a training workload is slower than the others by construction.",
             f"Pipeline stage {_slowest_stage(s)}of workload {{{{ $labels.workload }}}} takes "
             "{{ $value | printf \"%.2f\" }}x the mean stage's time per step outside collectives, on all of its "
-            "ranks alike: the other stages wait for it in every step. Rebalance the layers between stages (no node is "
-            "at fault).",
+            "ranks alike and in every step: the other stages wait for it. Rebalance the layers between stages (no "
+            "node is at fault).",
             per_workload=True),
         Alert(
             "GoodputStragglerRandom", "straggler-random.md", "warning",
-            f"workload:goodput_step_wait_min_ratio:rate{short} > {s.straggler_random_wait_ratio:g}\n"
+            f"workload:goodput_straggler_slowdown_ratio:rate{short} > {s.straggler_random_slowdown:g}\n"
+            f"and on ({c}, workload)\n  {OWN_VARIATION} > {s.straggler_random_variation:g}\n"
             f"and on ({c}, workload)\n  workload:goodput_straggler_ratio:rate{short} <= {s.straggler_ratio:g}\n"
-            f"unless on ({c}, workload)\n  count by ({c}, workload) ({OWN_STAGE}{short}{{pipeline_stage!=\"\"}}) > 1\n"
             f"unless on ({c}, workload)\n  {CANDIDATE}{{reason=~\"{'|'.join(NETWORK_FAULTS)}\"}}",
             s.straggler_random_for,
-            "Every rank of a training workload waits for another in turn: the slowest rank changes from step to step.",
-            "Even the rank of workload {{ $labels.workload }} that waits least spends "
-            "{{ $value | humanizePercentage }} of its step waiting in collectives, and no rank is persistently slower "
-            "than the others: each step waits for a different rank (uneven batches or sequence lengths), or the "
-            "network itself is slow (no fault on its fabric was found).",
+            "The ranks of a training workload wait for each other in turn: the slowest rank changes from step to step.",
+            "Workload {{ $labels.workload }} runs {{ $value | printf \"%.2f\" }}x slower than it would with its work "
+            "spread evenly, and no rank is persistently slower than the others: each rank's own time per step varies "
+            f"by about {_variation(s)} from step to step, so each step waits for a different rank. Uneven batches "
+            "or sequence lengths (the data pipeline's owner), not a node.",
             per_workload=True),
         Alert(
             "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
