@@ -185,22 +185,22 @@ def test_idle_and_ended_ranks_expire() -> None:
 def test_own_variation_is_the_spread_of_each_ranks_own_time_per_step() -> None:
     """goodput_step_own_variation_ratio, from the real client's events: 0 for the same work each step whatever its
     waits (comm_wait is not the rank's own time) and whatever one odd step (a checkpoint); the spread of a rank whose
-    work differs from step to step; absent below 8 steps with phases, and for steps reported without phases."""
+    work differs from step to step; absent below 32 steps with phases, and for steps reported without phases."""
     config = quick_config()
     with live_server(config) as live:
         ranks = {name: Telemetry("varied", rank, socket_path=config.ingest.socket_path, flush_interval=0.05,
                                  captures=False)
                  for rank, name in enumerate(("steady", "waits", "uneven", "few", "bare"))}
         try:
-            for n in range(20):
+            for n in range(40):
                 ranks["steady"].record_phase("compute", 0.2)
-                if n == 10:  # one checkpoint step among twenty
+                if n == 10:  # one checkpoint step among forty
                     ranks["steady"].record_phase("checkpoint_save", 5.0)
                 ranks["waits"].record_phase("compute", 0.2)
                 ranks["waits"].record_phase("comm_wait", 0.1 * (n % 5))  # waits for its peers, differently
                 ranks["uneven"].record_phase("compute", (0.1, 0.2, 0.3, 0.4)[n % 4])  # the batch differs
                 ranks["uneven"].record_phase("comm_wait", 0.05)
-                if n < 7:
+                if n < 31:
                     ranks["few"].record_phase("compute", 0.1 * (1 + n % 2))
                     ranks["few"].record_step(0.3)
                 for name in ("steady", "waits", "uneven", "bare"):
@@ -210,7 +210,7 @@ def test_own_variation_is_the_spread_of_each_ranks_own_time_per_step() -> None:
 
             def published() -> dict[str, float | None]:
                 text = live.metrics()
-                if value(text, "goodput_steps_total", workload="varied", rank="4") != 20:
+                if value(text, "goodput_steps_total", workload="varied", rank="4") != 40:
                     return {}
                 return {name: value(text, "goodput_step_own_variation_ratio", workload="varied", rank=str(rank))
                         for rank, name in enumerate(ranks)}
@@ -220,7 +220,7 @@ def test_own_variation_is_the_spread_of_each_ranks_own_time_per_step() -> None:
             for telemetry in ranks.values():
                 telemetry.close()
     assert found["steady"] == 0 and found["waits"] == 0, found
-    # own times 0.1, 0.2, 0.3, 0.4 s five times each: quartiles at positions 5.25 and 15.75 of 20 (0.125 s and
+    # own times 0.1, 0.2, 0.3, 0.4 s ten times each: quartiles at positions 10.25 and 30.75 of 40 (0.125 s and
     # 0.375 s), median 0.25 s; a normal distribution's interquartile range is 1.349 standard deviations
     assert found["uneven"] == pytest.approx((0.375 - 0.125) / 1.349 / 0.25, rel=1e-6), found
     assert found["few"] is None and found["bare"] is None, found

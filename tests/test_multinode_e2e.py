@@ -219,6 +219,10 @@ def test_one_job_on_two_nodes_names_the_stuck_ranks_and_their_node(
     assert diagnose(["--prometheus", stack.urls["prometheus"], "--rules-config", str(settings), "--workload", w]) == 1
     said = capsys.readouterr().out
     assert f"culprit: rank 3 on node {b.instance}: straggler" in said, said
+    # and what it costs: the share of the job's GPU time and the GPU-hours a day it would give back (the rules' what-if)
+    cost = re.search(rf"culprit: rank 3 on node {re.escape(b.instance)}: straggler: .*; it costs the job (\d+)% of its "
+                     r"GPU time: ([\d.]+) GPU-hours a day", said)
+    assert cost and 0 < int(cost.group(1)) < 100 and float(cost.group(2)) > 0, said
     assert "culprit: rank" not in said.replace(f"culprit: rank 3 on node {b.instance}", ""), said
     shift = query(stack, f'workload:goodput_step_time_shift:info{{workload="{w}"}}')
     assert all(s["metric"]["kind"] == "straggler" for s in shift), shift  # type: ignore[index]

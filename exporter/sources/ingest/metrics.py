@@ -65,7 +65,7 @@ STEP_OWN_VARIATION = _m(
     "last 64 steps: their interquartile range over 1.349 times their median, a coefficient of variation robust to "
     "the odd checkpoint step. About 0.01 for work that is the same each step (even on a slow node or a slow "
     "pipeline stage), 0.1 and more when batches differ from step to step and every rank waits for another in turn "
-    "(the straggler rules' random kind). Absent until 8 steps with phases.", WR)
+    "(the straggler rules' random kind). Absent until 32 steps with phases.", WR)
 STEP_SHIFTS = _m(
     "goodput_step_time_shifts_total", Kind.COUNTER, "",
     "Lasting shifts of the rank's step duration found by its change detector, by direction (up: slower, down: "

@@ -20,7 +20,8 @@ from array import array
 from goodput_client.contract import DEPRECATED_PHASES
 
 STEPS = 64  # own times kept per rank: 512 bytes
-MIN_STEPS = 8  # published from this many steps with phases on
+MIN_STEPS = 32  # published from this many steps with phases on: the first steps' warm-up (compilation, allocation)
+# stays within the interquartile range's 25% on either side once there are that many
 WAIT_PHASE = "comm_wait"  # a wait for peers: not the rank's own time
 IQR_PER_SIGMA = 1.349  # a normal distribution's interquartile range, in standard deviations
 

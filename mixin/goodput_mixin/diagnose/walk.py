@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..rules import forecast as fc
 from ..rules.alerts import alerts
-from ..rules.recording import COLLECTIVE_MISSING, RANK_POD
+from ..rules.recording import COLLECTIVE_MISSING, RANK_POD, STRAGGLER_COST, STRAGGLER_LOST
 from ..rules.settings import RulesSettings
 from ..rules.verdict import CANDIDATE, HEALTHY, VERDICT, Check, Term, checks, order
 from .prometheus import AskError, Prometheus, Sample
@@ -321,11 +321,22 @@ class Walk:
         for sample in sorted(self.ask(f"{COLLECTIVE_MISSING}{{workload=~{regex}}}"),
                              key=lambda s: (s.labels.get("pg", ""), _rank_order(s.labels.get("rank", "")))):
             add(sample.labels, f"missing from a collective of process group {sample.labels.get('pg', '?')}")
-        straggler = f"workload_rank:goodput_straggler_ratio:rate{self.s.windows[0]}"
+        w = self.s.windows[0]
+        straggler = f"workload_rank:goodput_straggler_ratio:rate{w}"
         slowest = f"topk by ({self.s.cluster_label}, workload) (1, {straggler}{{workload=~{regex}}})"
+        # what each culprit costs its job (the rules' what-if): its share of the job's GPU time, GPU-hours a day
+        costs = {name: {(self._key(s.labels), s.labels.get("rank", "")): s.value
+                        for s in self.ask(f"{record}{w}{{workload=~{regex}}}")}
+                 for name, record in (("share", STRAGGLER_COST), ("lost", STRAGGLER_LOST))}
         for sample in sorted(self.ask(f"{slowest} > {self.s.straggler_ratio:g}"),
                              key=lambda s: _rank_order(s.labels.get("rank", ""))):
-            add(sample.labels, f"straggler: its own time per step is {sample.value:.2f}x the median rank's")
+            why = f"straggler: its own time per step is {sample.value:.2f}x the median rank's"
+            at = (self._key(sample.labels), sample.labels.get("rank", ""))
+            if at in costs["share"]:
+                why += f"; it costs the job {costs['share'][at]:.0%} of its GPU time"
+                if at in costs["lost"]:
+                    why += f": {24 * costs['lost'][at]:.1f} GPU-hours a day"
+            add(sample.labels, why)
         return found
 
     @staticmethod
