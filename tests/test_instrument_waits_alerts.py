@@ -4,15 +4,15 @@ pass) under goodput-instrument and torchrun as two agents, ranks 0-1 reporting t
 one Prometheus with the shipped rules (the demo's short settings) over both. test_instrument_waits checks what each
 rank reports against what the job measured; this checks what the rules make of it.
 
-1. FSDP2 (fully_shard), a Hugging Face Trainer (DDP through accelerate) and Lightning's DDP strategy, rank 3 slow:
-   GoodputStraggler fires for rank 3 on node B and nobody else; the same jobs healthy: every rank's straggler ratio
-   at most 1.2 and no straggler alert of any kind while they run. (Plain DDP's page across two nodes:
-   test_instrument_alerts_e2e.)
+1. DistributedDataParallel (with its own communication hook), FSDP2 (fully_shard), a Hugging Face Trainer (DDP
+   through accelerate) and Lightning's DDP strategy, rank 3 slow in its forward pass: GoodputStraggler fires for
+   rank 3 on node B and nothing else ever fires; the same jobs healthy: every rank's straggler ratio at most 1.2, no
+   straggler alert firing while they run and none pending at the end.
 2. A 2-stage pipeline (torch.distributed.pipelining, two replicas: rank = replica x 2 + stage): its last stage slower
    by construction (both replicas): GoodputStageImbalance (a ticket: pending is enough, its `for:` is the defaults'
    30m) and no GoodputStraggler; one rank of the last stage slowed instead (rank 3, node B): that rank paged.
 
-The jobs run in two batches of four at once (the slow ones, then the healthy ones and the stage-imbalanced pipeline),
+The jobs run in two batches of five at once (the slow ones, then the healthy ones and the stage-imbalanced pipeline),
 each until its alert fired or its ranks' 20s records covered GoodputStraggler's window and `for:` (15s), then
 stopped. Their work is sleeps (FORWARD 0.1 s a step here, so that the loaded 2-core machine's scheduling is small
 beside it); their waits are real.
@@ -140,7 +140,7 @@ def node_b(stack: Stack) -> Node:
     return stack.nodes[1]
 
 
-SLOW_JOBS = {"fsdp2": "fsdp2", "hf": "hf", "lightning": "lightning", "pipeline": "pipeline"}
+SLOW_JOBS = {"ddp": "ddp", "fsdp2": "fsdp2", "hf": "hf", "lightning": "lightning", "pipeline": "pipeline"}
 
 
 @pytest.fixture(scope="module")
@@ -175,7 +175,7 @@ def slow(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             job.stop()
 
 
-HEALTHY_JOBS = {"fsdp2": ("fsdp2", {}), "hf": ("hf", {}), "lightning": ("lightning", {}),
+HEALTHY_JOBS = {"ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "hf": ("hf", {}), "lightning": ("lightning", {}),
                 "pipeline-stage": ("pipeline", {"STAGE_FACTOR": "3"})}
 QUIET = 50  # seconds of steps a healthy job runs: GoodputStraggler's 20s window and its 15s `for:` have passed
 
