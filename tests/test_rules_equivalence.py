@@ -151,6 +151,7 @@ KNOWN: dict[str, Known] = {
     "workload:goodput_ratio:deriv1h": Known(("rate", "rate-presence"), 0.1, 35, 0, 1),
     "workload:goodput_ratio:rate5m": Known(("rate",), 1.0, 13, 0, 0),
     "workload:goodput_step_time_shift:info": Known(("rate-presence",), 0.0, 0, 0, 2),
+    "workload:goodput_step_wait_min_ratio:rate5m": Known(("rate", "rate-presence"), 0.395, 6, 0, 1),
     "workload:goodput_straggler_lost_gpu_seconds:rate5m": Known(("rate", "rate-presence"), 0.338, 13, 0, 1),
     "workload:goodput_straggler_ratio:rate1h": Known(("rate",), 0.121, 4, 0, 0),
     "workload:goodput_straggler_ratio:rate5m": Known(("rate", "rate-presence"), 0.291, 7, 0, 1),

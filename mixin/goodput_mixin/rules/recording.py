@@ -439,7 +439,11 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
       slower by construction makes the other stages wait for it in every step. The study counts both as slowdown.
     On the study's published traces (tests/test_straggler_traces.py): S within 3% of the study's for the random and
     the stage kinds; for the worker kind 2.15 against 1.97 (its pipeline bubbles, left untracked, are in neither
-    what-if).
+    what-if). Two limits of means over a window: bubbles nobody measured (untracked) count as slowdown in the
+    balanced what-if; and when every rank waits alike on average (random imbalance in plain data parallelism) the
+    least wait holds waits for others and S reads near 1: the share of its step that even the rank waiting least
+    spends waiting (workload:goodput_step_wait_min_ratio) bounds that cost, and the random kind is ticketed on
+    either.
     Lost GPU-seconds per second are ranks x (1 - 1/S) = ranks x (T - T_ideal) / T. Each culprit (a rank over
     straggler_ratio times its stage's median) is charged its own gap: the share of the job's GPU time and the
     GPU-seconds it would give back alone (with its node and stage labels: the owner to call)."""
@@ -474,6 +478,11 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
         {"record": f"workload:goodput_stage_imbalance_ratio:rate{w}",
          "expr": f"max by ({c}, workload) ({staged_typical})\n/ avg by ({c}, workload) ({staged_typical})\n"
                  f"and on ({c}, workload)\ncount by ({c}, workload) ({staged_typical}) > 1"},
+        # the share of its step that the rank waiting least spends waiting in collectives: near the transfer alone
+        # when one rank is slow (it waits for nobody), high when every rank waits for another in turn (or the
+        # network is slow: the runbook tells them apart)
+        {"record": f"workload:goodput_step_wait_min_ratio:rate{w}",
+         "expr": f"min by ({c}, workload) ({STEP_WAIT}{w})\n/ ({step} > 0)"},
         # how much the median rank's own time varies from step to step (the daemon's robust spread over its last 64
         # steps): steady work (a slow node, a slow stage) against batches that differ step to step (random kind)
         {"record": OWN_VARIATION,

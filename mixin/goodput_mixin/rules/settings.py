@@ -171,8 +171,13 @@ class RulesSettings(BaseModel):
         "published straggler traces: 0.006 and 0.007 for a slow worker and a slow stage, 0.117 for the random kind.")
     straggler_random_slowdown: float = Field(
         1.1, gt=1, description="GoodputStragglerRandom: the workload's slowdown from stragglers "
-        "(workload:goodput_straggler_slowdown_ratio) above which the random kind is ticketed, with no rank slower "
-        "than straggler_ratio times its stage's median.")
+        "(workload:goodput_straggler_slowdown_ratio) above which uneven work is ticketed, with no rank slower "
+        "than straggler_ratio times its stage's median (or the wait share of straggler_random_wait_ratio).")
+    straggler_random_wait_ratio: float = Field(
+        0.3, gt=0, lt=1, description="GoodputStragglerRandom: share of the step that even the rank that waits least "
+        "spends waiting in collectives (the larger of its comm_wait and its GPU-side wait) above which uneven work is "
+        "ticketed (or the slowdown of straggler_random_slowdown): when every rank waits alike on average, as under "
+        "random imbalance in plain data parallelism, the slowdown's balanced what-if reads near 1.")
     straggler_random_for: str = Field("30m", description="GoodputStragglerRandom: for how long.")
     step_shift_window: str = Field(
         "15m", description="workload:goodput_step_time_shift:info: how long a lasting shift up of a rank's step time "

@@ -55,6 +55,22 @@ def _variation(s: RulesSettings) -> str:
             "{{ . | first | value | humanizePercentage }}{{ end }}")
 
 
+def _wait_min(s: RulesSettings) -> str:
+    """The share of its step the least-waiting rank of the alert's workload waits (a query in the template)."""
+    c, w = s.cluster_label, s.windows[0]
+    return (f'{{{{ with printf "workload:goodput_step_wait_min_ratio:rate{w}{{{c}=%q,workload=%q}}" $labels.{c} '
+            "$labels.workload | query }}{{ . | first | value | humanizePercentage }}{{ end }}")
+
+
+def _slowdown(s: RulesSettings) -> str:
+    """The alert's workload's slowdown from stragglers, as a clause, where it reads more than 1.05 (a query in the
+    template)."""
+    c, w = s.cluster_label, s.windows[0]
+    return (f'{{{{ with printf "workload:goodput_straggler_slowdown_ratio:rate{w}{{{c}=%q,workload=%q}} > 1.05" '
+            f"$labels.{c} $labels.workload | query }}}}; the job runs "
+            '{{ . | first | value | printf "%.2f" }}x slower than with its work spread evenly{{ end }}')
+
+
 def _slowest_stage(s: RulesSettings) -> str:
     """The slowest stage of the alert's workload (a query in the template), followed by a space."""
     c, w = s.cluster_label, s.windows[0]
@@ -95,16 +111,17 @@ def alerts(s: RulesSettings) -> list[Alert]:
             per_workload=True),
         Alert(
             "GoodputStragglerRandom", "straggler-random.md", "warning",
-            f"workload:goodput_straggler_slowdown_ratio:rate{short} > {s.straggler_random_slowdown:g}\n"
+            f"(\n  workload:goodput_straggler_slowdown_ratio:rate{short} > {s.straggler_random_slowdown:g}\n  or\n"
+            f"  workload:goodput_step_wait_min_ratio:rate{short} > {s.straggler_random_wait_ratio:g}\n)\n"
             f"and on ({c}, workload)\n  {OWN_VARIATION} > {s.straggler_random_variation:g}\n"
             f"and on ({c}, workload)\n  workload:goodput_straggler_ratio:rate{short} <= {s.straggler_ratio:g}\n"
             f"unless on ({c}, workload)\n  {CANDIDATE}{{reason=~\"{'|'.join(NETWORK_FAULTS)}\"}}",
             s.straggler_random_for,
             "The ranks of a training workload wait for each other in turn: the slowest rank changes from step to step.",
-            "Workload {{ $labels.workload }} runs {{ $value | printf \"%.2f\" }}x slower than it would with its work "
-            "spread evenly, and no rank is persistently slower than the others: each rank's own time per step varies "
-            f"by about {_variation(s)} from step to step, so each step waits for a different rank. Uneven batches "
-            "or sequence lengths (the data pipeline's owner), not a node.",
+            "Each rank of workload {{ $labels.workload }} does uneven work from step to step (its own time per step "
+            f"varies by about {_variation(s)}), so each step waits for a different rank, and no rank is persistently "
+            f"slower than the others. Even the rank that waits least spends {_wait_min(s)} of its step waiting"
+            f"{_slowdown(s)}. Uneven batches or sequence lengths (the data pipeline's owner), not a node.",
             per_workload=True),
         Alert(
             "GoodputCollectiveRankMissing", "collective-rank-missing.md", "critical",
