@@ -241,9 +241,21 @@ def test_a_crash_pages_for_the_progress_it_redid(stack: tuple[Stack, Webhook]) -
     print(f"GoodputWastedProgress fired {fired:.1f}s after the crash was injected (step {at})")
 
 
-def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook]) -> None:
+def _risk_levels(live: Stack, query: str) -> dict[str, int]:
+    response = httpx.get(f"{live.urls['prometheus']}/api/v1/query", params={"query": query}, timeout=10)
+    response.raise_for_status()
+    return {r["metric"]["gpu"]: int(float(r["value"][1])) for r in response.json()["data"]["result"]}
+
+
+def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook], early: dict[str, _Early]) -> None:
     """GPU faults on one stack, at once: an XID (GPU 1), a row remap waiting for a reset (GPU 2), a PCIe link trained
-    at x8 gen 3 (GPU 3), NVLink errors on link 0 (GPU 0); each pages, and resolves once cleared."""
+    at x8 gen 3 (GPU 3), NVLink errors on link 0 (GPU 0); each pages, and resolves once cleared. Each GPU's failure
+    risk (issue 42) at the level exporter/health/risk.py documents for its fault; and none at watch or worse on the
+    GPUs of a demo left healthy (the burn-rate test's stack, up since the module started, its job on every GPU)."""
+    quiet, _ = early["slo"].stack()
+    healthy = early["slo"].healthy(30)
+    levels = _risk_levels(quiet, f"max_over_time(gpu:goodput_gpu_risk_level:max[{int(healthy)}s])")
+    assert levels == {"0": 0, "1": 0, "2": 0, "3": 0}, (healthy, levels)
     live, webhook = stack
     live.gpus.remap_row(2, uncorrected=True)
     live.gpus.degrade_pcie(3)
@@ -259,6 +271,13 @@ def test_gpu_faults_page_and_resolve(stack: tuple[Stack, Webhook]) -> None:
     webhook.wait("firing", "GoodputGPUNVLinkErrors", gpu="0", error_type="replay")
     webhook.wait("firing", "GoodputGPUPCIeLinkDegraded", gpu="3", degraded="width")
     webhook.wait("firing", "GoodputGPUPCIeLinkDegraded", gpu="3", degraded="generation")  # busy at gen 3 of 5
+    # the faults' risk levels, as exporter/health/risk.py documents them: fallen off the bus (XID 79) and a row remap
+    # waiting for a reset: drain; NVLink errors rising: watch; a link trained below its best is no failure risk
+    expected = {"0": 1, "1": 2, "2": 2, "3": 0}
+    deadline = time.monotonic() + 60
+    while (levels := _risk_levels(live, "gpu:goodput_gpu_risk_level:max")) != expected:
+        assert time.monotonic() < deadline, levels
+        time.sleep(1)
     live.gpus.reset(2)
     live.gpus.restore_pcie(3)
     live.gpus.stop_nvlink_errors(0)
