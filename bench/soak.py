@@ -11,11 +11,16 @@ its open files (/proc/PID/fd) and the client's sent/dropped events. The result: 
 slope of the last 30 minutes (or of the second half of a shorter run), the peak RSS, and series and open files over
 time.
 
-    python bench/soak.py [minutes] [--no-flight]   # default 60 minutes; prints the markdown section
+    python bench/soak.py [minutes] [--no-flight] [--tracemalloc DIR]   # default 60 minutes; prints the section
+
+The daemon's RSS is its own; its children's (the flight parser process) is shown beside it. --tracemalloc runs the
+daemon under tracemalloc (bench/traced_daemon.py), takes a snapshot at minutes 10, 20, 30, 45 and the end into DIR, and
+prints what grew most between the last two, by where it was allocated.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -47,6 +52,7 @@ SLOPE_MINUTES = 30
 class Sample:
     minute: float
     rss_mib: float
+    children_mib: float
     series: int
     open_files: int
     sent: int
@@ -69,6 +75,20 @@ def _rss_mib(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("no VmRSS")
+
+
+def _children_rss_mib(pid: int) -> float:
+    """The summed RSS of the process's children (the flight parser), 0 when it has none."""
+    total = 0.0
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            children = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            with contextlib.suppress(OSError, RuntimeError):  # the child may have just exited
+                total += _rss_mib(int(child))
+    return total
 
 
 def _rank(name: str, rank: int, sock: str, churn: Churn) -> None:
@@ -132,14 +152,31 @@ def _slope(points: list[tuple[float, float]]) -> float:
     return sum((x - mx) * (y - my) for x, y in points) / sxx if sxx else float("nan")
 
 
-def run(minutes: float, flight: bool = True) -> tuple[list[Sample], Churn, float]:
-    """The churn for `minutes`; returns the samples, the driver's totals and the daemon's CPU seconds."""
+SNAPSHOT_MINUTES = (10, 20, 30, 45)  # with --tracemalloc, and one more at the end
+
+
+def _snapshot(folder: Path, name: str) -> None:
+    """Ask bench/traced_daemon.py for a snapshot and wait until it is written."""
+    (folder / f"take-{name}").touch()
+    deadline = time.monotonic() + 300
+    while (folder / f"take-{name}").exists() and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def run(minutes: float, flight: bool = True, traced: Path | None = None) -> tuple[list[Sample], Churn, float]:
+    """The churn for `minutes`; returns the samples, the driver's totals and the daemon's CPU seconds.
+    `traced`: a folder for tracemalloc snapshots (the daemon then runs under bench/traced_daemon.py)."""
     with tempfile.TemporaryDirectory(prefix="goodput-soak-") as tmp:
         work = Path(tmp)
         sock, port = str(work / "events.sock"), free_port()
         (work / "flight").mkdir()
+        launcher = [sys.executable, "-m", "exporter"] if traced is None else \
+            [sys.executable, str(Path(__file__).resolve().parent / "traced_daemon.py"), str(traced)]
+        if traced is not None:
+            traced.mkdir(parents=True, exist_ok=True)
+        snapshots = [m for m in SNAPSHOT_MINUTES if m < minutes] if traced is not None else []
         proc = subprocess.Popen(
-            [sys.executable, "-m", "exporter", "serve", "--simulate", "8", "--web.listen-address", f"127.0.0.1:{port}",
+            [*launcher, "serve", "--simulate", "8", "--web.listen-address", f"127.0.0.1:{port}",
              "--ingest.socket-path", sock, "--ingest.idle-timeout", "60s", "--ingest.state-dir", str(work / "state"),
              "--flight.dir", str(work / "flight")],
             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -162,9 +199,13 @@ def run(minutes: float, flight: bool = True) -> tuple[list[Sample], Churn, float
                     with churn.lock:
                         sent, dropped = churn.sent, churn.dropped
                     page = get_text(port, "/metrics", timeout=30)
-                    samples.append(Sample((now - start) / 60, _rss_mib(proc.pid), _series(page),
-                                          len(os.listdir(f"/proc/{proc.pid}/fd")), sent, dropped))
+                    samples.append(Sample((now - start) / 60, _rss_mib(proc.pid), _children_rss_mib(proc.pid),
+                                          _series(page), len(os.listdir(f"/proc/{proc.pid}/fd")), sent, dropped))
                     next_sample += 60
+                    due = bool(snapshots) and samples[-1].minute >= snapshots[0]
+                    if traced is not None and (due or now >= stop_at):
+                        _snapshot(traced, f"{round(samples[-1].minute):03d}")
+                        snapshots = snapshots[1:] if due else snapshots
                     if now >= stop_at:
                         break
                 else:
@@ -178,9 +219,26 @@ def run(minutes: float, flight: bool = True) -> tuple[list[Sample], Churn, float
     return samples, churn, cpu
 
 
-def section(minutes: float = 60.0, flight: bool = True) -> str:
+def growth(folder: Path, top: int = 15) -> str:
+    """What grew most between the last two tracemalloc snapshots in `folder`, by allocation site."""
+    import tracemalloc
+
+    names = sorted(folder.glob("*.snap"))
+    if len(names) < 2:
+        return f"(fewer than two snapshots in {folder})"
+    old, new = (tracemalloc.Snapshot.load(str(p)) for p in names[-2:])
+    lines = [f"tracemalloc: {names[-2].stem} -> {names[-1].stem} minutes, traced total "
+             f"{sum(s.size for s in old.statistics('filename')) / 2**20:.1f} -> "
+             f"{sum(s.size for s in new.statistics('filename')) / 2**20:.1f} MiB"]
+    for stat in new.compare_to(old, "traceback")[:top]:
+        lines.append(f"{stat.size_diff / 1024:+9.1f} KiB {stat.count_diff:+7d} blocks (now {stat.size / 1024:.1f} KiB)")
+        lines += [f"      {frame}" for frame in stat.traceback.format(limit=6)]
+    return "\n".join(lines)
+
+
+def section(minutes: float = 60.0, flight: bool = True, traced: Path | None = None) -> str:
     """The soak's markdown section for results.md (`flight`: with the flight-recorder folders' churn)."""
-    samples, churn, cpu = run(minutes, flight)
+    samples, churn, cpu = run(minutes, flight, traced)
     last = samples[-1]
     window = [s for s in samples if s.minute >= last.minute - SLOPE_MINUTES] if last.minute >= 2 * SLOPE_MINUTES \
         else samples[len(samples) // 2:]
@@ -198,18 +256,24 @@ def section(minutes: float = 60.0, flight: bool = True) -> str:
         f"{len(churn.errors)} client errors; daemon CPU {cpu / max(last.minute, 1e-9):.1f} s/min.",
         "",
         f"RSS slope over minutes {window[0].minute:.0f}-{last.minute:.0f}: **{slope:+.3f} MiB/min**; "
-        f"peak RSS **{peak:.1f} MiB**.",
+        f"peak RSS **{peak:.1f} MiB**. The flight parser process beside it: {window[0].children_mib:.1f} -> "
+        f"{last.children_mib:.1f} MiB over the same minutes "
+        f"(slope {_slope([(s.minute, s.children_mib) for s in window]):+.3f} MiB/min).",
         "",
-        "| minute | RSS MiB | series | open files | events sent | dropped |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| minute | RSS MiB | parser MiB | series | open files | events sent | dropped |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    lines += [f"| {s.minute:.0f} | {s.rss_mib:.1f} | {s.series} | {s.open_files} | {s.sent} | {s.dropped} |"
-              for s in samples]
+    lines += [f"| {s.minute:.0f} | {s.rss_mib:.1f} | {s.children_mib:.1f} | {s.series} | {s.open_files} | {s.sent} "
+              f"| {s.dropped} |" for s in samples]
     if churn.errors:
         lines += ["", f"First client error: `{churn.errors[0]}`"]
     return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    numbers = [a for a in sys.argv[1:] if not a.startswith("--")]
-    print(section(float(numbers[0]) if numbers else 60.0, flight="--no-flight" not in sys.argv[1:]))
+    args = sys.argv[1:]
+    traced_dir = Path(args[args.index("--tracemalloc") + 1]) if "--tracemalloc" in args else None
+    numbers = [a for i, a in enumerate(args) if not a.startswith("--") and (i == 0 or args[i - 1] != "--tracemalloc")]
+    print(section(float(numbers[0]) if numbers else 60.0, flight="--no-flight" not in args, traced=traced_dir))
+    if traced_dir is not None:
+        print(growth(traced_dir))
