@@ -98,10 +98,12 @@ def _exit_cleanly(signum: int, frame: object) -> None:
 
 def serve(config: Config) -> int:
     from .assemble import build_daemon
+    from .core import allocator
     from .core.connections import ServerLimits, raise_open_files_limit
     from .core.http import bind, create_app, make_server  # FastAPI: only for serve (health starts per check)
 
     setup_logging(config.log.level, config.log.format)
+    allocator.tune()  # before the daemon allocates much: see exporter/core/allocator.py
     raise_open_files_limit()  # before anything opens a file: the servers' connection budget is taken from it
     daemon = build_daemon(config)  # may raise ConfigError (e.g. an unreadable token file): before any bind
     try:
@@ -129,9 +131,12 @@ def serve(config: Config) -> int:
     # that were in place before it started; these turn that into a clean exit through `finally`.
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, _exit_cleanly)
+    trimmed = threading.Event()
+    allocator.trim_every(allocator.TRIM_SECONDS, trimmed)
     try:
         server.run(sockets=[sock])
     finally:
+        trimmed.set()
         daemon.stop()  # or wait for the stop that on_exit began
         log.info("stopped after %.0fs", time.monotonic() - started)
     return 0
