@@ -2,10 +2,12 @@
 loop run bare, under `goodput-instrument`, and with `Telemetry` calls in it, each in a fresh interpreter reporting to
 a real ingest server on a Unix socket (the daemon's own app, in this process).
 
-Two loops, on the CPU with one intra-op thread:
+Three loops, on the CPU with one intra-op thread:
     optimizer  one SGD step on a 16-element parameter: the hooks' cost per step, nothing else in the way
     loop       a DataLoader batch (no workers), a forward and backward pass of a small MLP, AdamW's step: what a step
                costs with a batch fetched, a step counted, compute reported
+    ddp        the same loop with the model in DistributedDataParallel, two ranks on gloo under torchrun: the
+               multi-rank probes' cost too (the backward probe's exposed wait, the collectives' waits), rank 0 timed
 Each variant runs ROUNDS rounds of STEPS steps after a warm-up; its figure is its best round (the least disturbed by
 the machine's other load), and each variant is run RUNS times, interleaved, the best taken again. The overhead is
 the difference per step; its share of a 50 ms step follows from it.
@@ -27,6 +29,8 @@ from serving import ingest_server
 
 BIN = Path(sys.executable).parent
 STEPS = 2000
+DDP_STEPS = 500  # a DDP step (two ranks' all-reduce over gloo) is about 10x a single-process one
+KINDS = ("optimizer", "loop", "ddp")
 ROUNDS = 5
 RUNS = 3
 TARGET_US = 20.0
@@ -38,9 +42,13 @@ import torch
 torch.set_num_threads(1)
 kind, variant, steps, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 telemetry = None
+rank = int(os.environ.get("RANK", "0"))
+if kind == "ddp":
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
 if variant == "explicit":
     from goodput_client import Telemetry
-    telemetry = Telemetry("bench-explicit", 0)
+    telemetry = Telemetry("bench-explicit", rank)
 torch.manual_seed(0)
 if kind == "optimizer":
     param = torch.zeros(16, requires_grad=True)
@@ -56,6 +64,8 @@ if kind == "optimizer":
         return range(steps + 10)
 else:
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    if kind == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     data = [(torch.randn(8, 32), torch.randn(8, 1)) for _ in range(64)]
     loader = torch.utils.data.DataLoader(data * ((steps + 10) // 64 + 1), batch_size=None)
@@ -74,21 +84,32 @@ best = float("inf")
 for _ in range(rounds):
     items = iter(epoch())
     for _ in range(10):  # warm-up
-        step(next(items)) if kind == "loop" else step()
+        step() if kind == "optimizer" else step(next(items))
+    if kind == "ddp":
+        dist.barrier()  # both ranks start the round together
     started = time.perf_counter()
     for _ in range(steps):
-        step(next(items)) if kind == "loop" else step()
+        step() if kind == "optimizer" else step(next(items))
     best = min(best, (time.perf_counter() - started) / steps)
 if telemetry is not None:
     telemetry.close()
-print(json.dumps({"seconds_per_step": best}))
+if kind == "ddp":
+    dist.destroy_process_group()
+if rank == 0:
+    print(json.dumps({"seconds_per_step": best}))
 """
 
 
 def _per_step(kind: str, variant: str, path: str) -> float:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GOODPUT_") and k != "PYTHONPATH"}
     env.update(GOODPUT_INGEST_SOCKET_PATH=path, GOODPUT_WORKLOAD=f"bench-{variant}", OMP_NUM_THREADS="1")
-    command = [str(BIN / "python"), "-c", LOOP, kind, variant, str(STEPS), str(ROUNDS)]
+    if kind == "ddp":  # two ranks under torchrun, one intra-op thread each
+        script = Path(path).parent / "loop.py"
+        script.write_text(LOOP)
+        command = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node", "2", str(script), kind, variant,
+                   str(DDP_STEPS), str(ROUNDS)]
+    else:
+        command = [str(BIN / "python"), "-c", LOOP, kind, variant, str(STEPS), str(ROUNDS)]
     if variant == "auto":
         command = [str(BIN / "goodput-instrument"), *command]
     result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600, check=True)
@@ -96,11 +117,11 @@ def _per_step(kind: str, variant: str, path: str) -> float:
 
 
 def measure() -> dict[str, dict[str, float]]:
-    """{loop: {variant: best seconds per step}} for loops optimizer and loop, variants bare, auto, explicit."""
+    """{loop: {variant: best seconds per step}} for loops KINDS, variants bare, auto, explicit."""
     path = os.path.join(tempfile.mkdtemp(prefix="gp-bench-"), "ingest.sock")
     with ingest_server(path):
         found: dict[str, dict[str, float]] = {}
-        for kind in ("optimizer", "loop"):
+        for kind in KINDS:
             best = {variant: float("inf") for variant in ("bare", "auto", "explicit")}
             for _ in range(RUNS):
                 for variant in best:
@@ -119,7 +140,9 @@ def section() -> str:
         f"`phase(\"compute\")`), each a fresh interpreter reporting to the daemon's ingest app over its Unix socket. "
         f"Best round of {ROUNDS} x {STEPS} steps, best of {RUNS} interleaved runs, one intra-op thread. `optimizer`: "
         f"one SGD step on 16 floats (the hooks alone); `loop`: a DataLoader batch, forward and backward of a small MLP "
-        f"and AdamW. Target: < {TARGET_US:.0f} µs per step, and < 1% of a step of 50 ms or more (the share below is "
+        f"and AdamW; `ddp`: the same loop in DistributedDataParallel, two ranks on gloo under torchrun ({DDP_STEPS} "
+        f"steps a round, rank 0's time: the backward probe's exposed-wait timing and the collectives' probes in "
+        f"it). Target: < {TARGET_US:.0f} µs per step, and < 1% of a step of 50 ms or more (the share below is "
         f"the overhead over {REFERENCE_STEP_S * 1e3:.0f} ms).",
         "",
         "| loop | bare | goodput-instrument | overhead | share of a 50 ms step | explicit client | overhead |",
