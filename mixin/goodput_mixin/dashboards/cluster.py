@@ -99,6 +99,17 @@ def build(names: Names) -> Dashboard:
         "them have failed or will.",
         "none", [(f"sum(node:goodput_gpus_lost:count{f()})", "")], no_value="0"))
     d = d.with_panel(stat_panel(
+        "Nodes by failure risk", "Nodes by their worst GPU's risk level (docs/health.md: NVIDIA's XID catalogue and "
+        "memory error guidance): ok; watch, a worsening trend (a ticket); drain, a GPU that needs a reset or will "
+        "fail its job (drained at the job's next checkpoint by `goodput-exporter health`); replace, an RMA case. "
+        "A level no node is at is not shown.",
+        "none", [(f"sum by (level) (cluster:goodput_nodes_at_risk_level:count{f(node=False)})", "{{level}}")],
+        width=6))
+    d = d.with_panel(labels_table_panel(
+        "Nodes at risk", "Each node with a GPU at watch or worse, its worst level (1 watch, 2 drain, 3 replace), "
+        "worst first; `goodput-exporter health --dry-run` on the node says why and what it would do.",
+        f"sort_desc(node:goodput_gpu_risk_level:max{f()} > 0)", [s.node_label], value="level", width=6))
+    d = d.with_panel(stat_panel(
         "GPUs allocated", "Share of GPUs at least one compute process holds. Low with queued work means "
         "scheduling or fragmentation leaves GPUs empty.",
         "percentunit", [(f"avg(cluster:goodput_gpu_allocated_ratio:avg{f()})", "")]))
