@@ -493,7 +493,8 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                          ("goodput_phase_seconds", "counter"), ("goodput_steps", "counter"),
                          ("goodput_tokens", "counter"), ("goodput_step_duration_seconds_sum", "gauge"),
                          ("goodput_step_duration_seconds_count", "gauge"),
-                         ("goodput_collective_last_seq", "gauge"),
+                         ("goodput_collective_last_seq", "gauge"), ("goodput_collective_duration_seconds_sum", "gauge"),
+                         ("goodput_rank_role_info", "gauge"), ("goodput_step_own_variation_ratio", "gauge"),
                          ("goodput_collective_oldest_inflight_seconds", "gauge"),
                          ("goodput_flight_recorder_dump_timestamp_seconds", "gauge"),
                          *((f"goodput_gpu_{name}_active_ratio", "gauge") for name in DCGM_RATIOS),
@@ -581,7 +582,7 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
             for pod in _serving():
                 gauge("up", pod.target, 1)
         if not family.startswith(("goodput_phase", "goodput_steps", "goodput_tokens", "goodput_step_",
-                                  "goodput_collective", "goodput_flight", "goodput_model_flops",
+                                  "goodput_collective", "goodput_flight", "goodput_model_flops", "goodput_rank_role",
                                   *ACCOUNTING)):
             continue
         for workload in range(WORKLOADS):
@@ -608,6 +609,13 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                     waits = workload < HUNG and rank > 0
                     gauge(family, f'{labels},pg="0",state="enqueued"', 1001 if waits else 1000)
                     gauge(family, f'{labels},pg="0",state="completed"', 1000)
+                elif family == "goodput_collective_duration_seconds_sum":  # NCCL's timed durations
+                    counter(family, f'{labels},pg="0",op="allreduce"', 0.25 + 0.01 * (rank % 4))
+                elif family == "goodput_rank_role_info":  # four pipeline stages of RANKS // 4 replicas
+                    gauge(family, f'{labels},pipeline_stage="{rank * 4 // RANKS}",'
+                                  f'data_parallel_rank="{rank % (RANKS // 4)}"', 1)
+                elif family == "goodput_step_own_variation_ratio":
+                    gauge(family, labels, 0.01)
                 elif family == "goodput_collective_oldest_inflight_seconds":
                     gauge(family, f'{labels},pg="0"', 45 if workload < HUNG and rank > 0 else 0.01)
                 elif family == "goodput_flight_recorder_dump_timestamp_seconds":
@@ -1043,8 +1051,9 @@ def markdown(result: Result) -> list[str]:
         f"Synthetic history of {NODES * GPUS_PER_NODE:,} GPUs ({NODES:,} nodes, DCGM ratios and the nvml source's "
         "health series on every GPU: up, PCIe link, row remapping, NVLink error totals, one GPU in 997 degraded; "
         "no RDMA NICs), "
-        f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series; {WASTEFUL} of them redoing "
-        "enough steps after restarts that GoodputWastedProgress pages) and "
+        f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series, their roles in four pipeline "
+        "stages, NCCL's collective durations and their own time's step-to-step variation; "
+        f"{WASTEFUL} of them redoing enough steps after restarts that GoodputWastedProgress pages) and "
         f"{sum(SERVING.values()):,} serving pods ("
         + ", ".join(f"{count:,} {TITLES[name]}" for name, count in SERVING.items())
         + f"; {MODELS} models; {result.serving_gpus:,} of the GPUs, by their pod info series): "
