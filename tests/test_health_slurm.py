@@ -332,3 +332,29 @@ def test_the_breaker_refuses_a_drain_past_its_share_and_says_why(cluster: Cluste
     finally:
         c.gpus._gpus[0].row_remap_failure = 0
     assert _job_running(c)
+
+
+def test_a_node_drained_within_the_repeat_window_is_not_drained_again_without_a_person(cluster: Cluster) -> None:
+    """Drained by goodput and back in service, a node that fails again within repeat_window is left to a person:
+    the check refuses, counts it and says why (a GPU that keeps failing after its reset is no longer one for the
+    automation)."""
+    c = cluster
+    c.after_checks(1)
+    c.gpus.fail_row_remap(0)  # replace: drains at once
+    try:
+        until("the drain", lambda: "DRAIN" in c.state(), 15)
+    finally:
+        c.gpus._gpus[0].row_remap_failure = 0  # the GPU replaced
+    until("the resume", lambda: "DRAIN" not in c.state(), 15)
+    c.settings(repeat_window="1h")
+    try:
+        c.after_checks(1)
+        c.gpus.fail_row_remap(0)
+        until("the refusal", lambda: c.counts().get("refuse|repeat_window|false"), 15)
+        c.after_checks(1)
+        assert "DRAIN" not in c.state(), c.node_line()
+        assert "not draining again" in (c.work / "health.out").read_text()
+    finally:
+        c.gpus._gpus[0].row_remap_failure = 0
+        c.settings(repeat_window=0)
+    assert _job_running(c)
