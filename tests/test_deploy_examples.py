@@ -290,7 +290,13 @@ def test_live_alertmanager_inhibits_what_follows_from_a_fault(tmp_path: Path) ->
 
     gpu0 = {"instance": "node-1", "gpu": "0", "uuid": "GPU-0"}
     gpu1 = {"instance": "node-1", "gpu": "1", "uuid": "GPU-1"}
+    gpu2 = {"instance": "node-1", "gpu": "2", "uuid": "GPU-2"}
+    gpu3 = {"instance": "node-1", "gpu": "3", "uuid": "GPU-3"}
     sent = [
+        alert("GoodputGPURiskReplace", "critical", reason="row_remap_failure", **gpu2),
+        alert("GoodputGPUResetRequired", "critical", reason="row_remap_failure", **gpu2),  # inhibited: to replace
+        alert("GoodputGPUResetRequired", "critical", reason="row_remap_pending", **gpu3),
+        alert("GoodputGPURiskDrain", "warning", reason="row_remap_pending", **gpu3),  # inhibited: the reset pages
         alert("GoodputGPUXidCritical", "critical", xid="79", **gpu0),
         alert("GoodputGPUThrottled", "warning", **gpu0),            # inhibited: same GPU
         alert("GoodputGPUIdleWhileAllocated", "warning", **gpu0),   # inhibited: same GPU
@@ -325,6 +331,10 @@ def test_live_alertmanager_inhibits_what_follows_from_a_fault(tmp_path: Path) ->
 
         state = wait_for(inhibited, timeout=15)
     assert state == {
+        ("GoodputGPURiskReplace", "GPU-2"): False,
+        ("GoodputGPUResetRequired", "GPU-2"): True,
+        ("GoodputGPUResetRequired", "GPU-3"): False,
+        ("GoodputGPURiskDrain", "GPU-3"): True,
         ("GoodputGPUXidCritical", "GPU-0"): False,
         ("GoodputGPUThrottled", "GPU-0"): True,
         ("GoodputGPUIdleWhileAllocated", "GPU-0"): True,
