@@ -31,7 +31,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -175,10 +174,10 @@ def slow(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
             if job.name not in found:
                 found[job.name] = prometheus_alerts(stack, job.name)
                 print(f"{job.name}: no page within 120 s; ratios {ratios(stack, job.name)}")
-        yield found
     finally:
-        for job in jobs:
+        for job in jobs:  # before the next batch starts
             job.stop()
+    yield found
 
 
 HEALTHY_JOBS = {"ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "hf": ("hf", {}), "lightning": ("lightning", {}),
@@ -204,10 +203,9 @@ class Finish:
     samples: list[tuple[float, float, float | None]] = field(default_factory=list)
 
 
-def watch_finish(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Finish], stop: threading.Event,
-                 deadline: float) -> None:
+def watch_finish(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Finish], deadline: float) -> None:
     """Every second, each forecast job's step number and P50 time to finish, until each reached its target."""
-    while not stop.is_set() and any(f.done is None for f in found.values()) and time.monotonic() < deadline:
+    while any(f.done is None for f in found.values()) and time.monotonic() < deadline:
         now = time.monotonic()
         for job in jobs:
             finish = found[job.name]
@@ -226,7 +224,7 @@ def watch_finish(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Finish],
                 finish.half = (now, number, left)
             if number >= FORECAST_STEPS:
                 finish.done = now
-        stop.wait(1.0)
+        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
@@ -247,10 +245,10 @@ def healthy(stack: Stack, slow: dict[str, list[dict[str, str]]],
             found[job.name] = Quiet(ratios(stack, job.name), prometheus_alerts(stack, job.name),
                                     ever_alerted(stack, job.name, time.monotonic() - since[job.name]))
             print(f"{job.name}: ratios {found[job.name].ratios}, alerts {found[job.name].now}")
-        yield found
     finally:
-        for job in jobs:
+        for job in jobs:  # before the next batch starts
             job.stop()
+    yield found
 
 
 @pytest.fixture(scope="module")
@@ -261,17 +259,16 @@ def finishes(stack: Stack, healthy: dict[str, Quiet],
     top = tmp_path_factory.mktemp("forecast")
     ending = [TwoNodeJob(f"forecast-{name}", name, {"STEPS": str(FORECAST_STEPS)}) for name in FORECAST_JOBS]
     found = {job.name: Finish() for job in ending}
-    stop = threading.Event()
     try:
         for job in ending:
             job.start(stack, top)
-        watch_finish(stack, ending, found, stop, deadline=time.monotonic() + 300)
+        watch_finish(stack, ending, found, deadline=time.monotonic() + 300)
         for name, f in found.items():
             print(f"{name}: half {f.half}, done {f.done}; samples {f.samples[::10]}")
-        yield found
     finally:
         for job in ending:
             job.stop()
+    yield found
 
 
 def fired(alerts: list[dict[str, str]]) -> set[tuple[str, str]]:
