@@ -339,6 +339,7 @@ def test_a_node_drained_within_the_repeat_window_is_not_drained_again_without_a_
     the check refuses, counts it and says why (a GPU that keeps failing after its reset is no longer one for the
     automation)."""
     c = cluster
+    c.settings(max_drained_share=1.0)  # the breaker's test left the other node drained by goodput
     c.after_checks(1)
     c.gpus.fail_row_remap(0)  # replace: drains at once
     try:
@@ -356,5 +357,5 @@ def test_a_node_drained_within_the_repeat_window_is_not_drained_again_without_a_
         assert "not draining again" in (c.work / "health.out").read_text()
     finally:
         c.gpus._gpus[0].row_remap_failure = 0
-        c.settings(repeat_window=0)
+        c.settings(repeat_window=0, max_drained_share=0.5)
     assert _job_running(c)
