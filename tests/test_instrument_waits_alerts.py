@@ -6,21 +6,17 @@ rank reports against what the job measured; this checks what the rules make of i
 
 1. DistributedDataParallel (with its own communication hook), FSDP2 (fully_shard), a Hugging Face Trainer (DDP
    through accelerate) and Lightning's DDP strategy, rank 3 slow in its forward pass: GoodputStraggler fires for
-   rank 3 on node B and nothing else ever fires; the same jobs healthy: every rank's straggler ratio at most 1.2, no
-   straggler alert firing while they run and none pending at the end.
+   rank 3 on node B and nothing else ever fires; the same jobs healthy (plain DDP's healthy run across two nodes:
+   test_instrument_alerts_e2e): every rank's straggler ratio at most 1.2, no straggler alert firing while they run
+   and none pending at the end.
 2. A 2-stage pipeline (torch.distributed.pipelining, two replicas: rank = replica x 2 + stage): its last stage slower
    by construction (both replicas): GoodputStageImbalance (a ticket: pending is enough, its `for:` is the defaults'
    30m) and no GoodputStraggler; one rank of the last stage slowed instead (rank 3, node B): that rank paged.
 
-3. (issue 41) A Hugging Face Trainer and a Lightning job with max_steps (FORECAST_STEPS), run after the healthy
-   batch, to their end: at half way (the first step number past half the target in Prometheus), the
-   forecast's P50 time to finish (workload:goodput_time_to_finish_seconds:p50) within 15% of the time they actually
-   took from there.
-
-The jobs run in two batches of five at once (the slow ones, then the healthy ones and the stage-imbalanced pipeline),
-each until its alert fired or its ranks' 20s records covered GoodputStraggler's window and `for:` (15s), then
-stopped. Their work is sleeps (FORWARD 0.1 s a step here, so that the loaded 2-core machine's scheduling is small
-beside it); their waits are real.
+The jobs run in two batches (the slow ones, then the healthy ones and the stage-imbalanced pipeline), started
+STAGGER apart, each until its alert fired or its ranks' 20s records covered GoodputStraggler's window
+and `for:` (15s), then stopped. Their work is sleeps (FORWARD 0.2 s a step here, so that the loaded 2-core
+machine's scheduling is small beside it); their waits are real.
 """
 
 from __future__ import annotations
@@ -47,8 +43,9 @@ DEV_BIN = Path(sys.executable).parent  # torch, transformers, accelerate, lightn
 SLOW = 3  # rank 3: node B; of the pipeline, stage 1 of the second replica
 W = DEMO_SETTINGS.windows[0]
 STRAGGLER_ALERTS = ("GoodputStraggler", "GoodputStageImbalance", "GoodputStragglerRandom")
-# long enough that no job ends before it is stopped: about 0.3 s a step with the slow rank
-JOB_ENV = {"STEPS": "5000", "FORWARD": "0.1", "BACKWARD": "0.01", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+# long enough that no job ends before it is stopped: about 0.7 s a step with the slow rank
+JOB_ENV = {"STEPS": "5000", "FORWARD": "0.2", "BACKWARD": "0.01", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+STAGGER = 8.0  # seconds between two jobs' starts: twenty processes importing torch at once starve the machine
 
 
 @dataclass
@@ -158,6 +155,7 @@ def slow(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     try:
         for job in jobs:
             job.start(stack, top)
+            time.sleep(STAGGER)
         since = running(stack, jobs)
         deadline = max(since.values()) + 120
         while len(found) < len(jobs) and time.monotonic() < deadline:
@@ -180,7 +178,7 @@ def slow(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dic
     yield found
 
 
-HEALTHY_JOBS = {"ddp": ("ddp", {}), "fsdp2": ("fsdp2", {}), "hf": ("hf", {}), "lightning": ("lightning", {}),
+HEALTHY_JOBS = {"fsdp2": ("fsdp2", {}), "hf": ("hf", {}), "lightning": ("lightning", {}),
                 "pipeline-stage": ("pipeline", {"STAGE_FACTOR": "3"})}
 QUIET = 40  # seconds of steps a healthy job runs: GoodputStraggler's 20s window and its 15s `for:` have passed
 
@@ -190,41 +188,6 @@ class Quiet:
     ratios: dict[str, float]
     now: list[dict[str, str]]  # pending or firing at the end
     ever: list[dict[str, str]]  # every straggler alert while it ran
-
-
-FORECAST_STEPS = 200  # about 50 s of steps at the healthy jobs' 0.25 s
-FORECAST_JOBS = ("hf", "lightning")
-
-
-@dataclass
-class Finish:
-    half: tuple[float, float, float] | None = None  # (when, step number, P50 seconds) at the first step past half
-    done: float | None = None  # when the target step was first seen
-    samples: list[tuple[float, float, float | None]] = field(default_factory=list)
-
-
-def watch_finish(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Finish], deadline: float) -> None:
-    """Every second, each forecast job's step number and P50 time to finish, until each reached its target."""
-    while any(f.done is None for f in found.values()) and time.monotonic() < deadline:
-        now = time.monotonic()
-        for job in jobs:
-            finish = found[job.name]
-            if finish.done is not None:
-                continue
-            w = f'workload="{job.name}"'
-            try:
-                step = query(stack, f"max(goodput_step_number{{{w}}})")
-                p50 = query(stack, f"workload:goodput_time_to_finish_seconds:p50{{{w}}}")
-            except httpx.HTTPError:  # a busy moment: the next second's reading
-                continue
-            number = float(step[0]["value"][1]) if step else 0.0  # type: ignore[index]
-            left = float(p50[0]["value"][1]) if p50 else None  # type: ignore[index]
-            finish.samples.append((now, number, left))
-            if finish.half is None and number > FORECAST_STEPS / 2 and left is not None:
-                finish.half = (now, number, left)
-            if number >= FORECAST_STEPS:
-                finish.done = now
-        time.sleep(1.0)
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +201,7 @@ def healthy(stack: Stack, slow: dict[str, list[dict[str, str]]],
     try:
         for job in jobs:
             job.start(stack, top)
+            time.sleep(STAGGER)
         since = running(stack, jobs)
         for job in sorted(jobs, key=lambda j: since[j.name]):
             time.sleep(max(0.0, since[job.name] + QUIET - time.monotonic()))
@@ -247,26 +211,6 @@ def healthy(stack: Stack, slow: dict[str, list[dict[str, str]]],
             print(f"{job.name}: ratios {found[job.name].ratios}, alerts {found[job.name].now}")
     finally:
         for job in jobs:  # before the next batch starts
-            job.stop()
-    yield found
-
-
-@pytest.fixture(scope="module")
-def finishes(stack: Stack, healthy: dict[str, Quiet],
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Finish]]:
-    """The forecast jobs, after the healthy batch (one batch at a time: a job's speed must not change halfway
-    because another batch stopped), each watched to its end."""
-    top = tmp_path_factory.mktemp("forecast")
-    ending = [TwoNodeJob(f"forecast-{name}", name, {"STEPS": str(FORECAST_STEPS)}) for name in FORECAST_JOBS]
-    found = {job.name: Finish() for job in ending}
-    try:
-        for job in ending:
-            job.start(stack, top)
-        watch_finish(stack, ending, found, deadline=time.monotonic() + 300)
-        for name, f in found.items():
-            print(f"{name}: half {f.half}, done {f.done}; samples {f.samples[::10]}")
-    finally:
-        for job in ending:
             job.stop()
     yield found
 
@@ -304,11 +248,3 @@ def test_a_stage_slower_by_construction_is_a_ticket_not_a_page(healthy: dict[str
     assert [(a["alertname"], a["severity"]) for a in quiet.now] == [("GoodputStageImbalance", "warning")], quiet.now
     assert not fired(quiet.ever), quiet.ever
 
-
-@pytest.mark.parametrize("name", FORECAST_JOBS)
-def test_the_forecast_at_half_way_is_within_15_percent_of_the_finish(finishes: dict[str, Finish], name: str) -> None:
-    finish = finishes[f"forecast-{name}"]
-    assert finish.half is not None and finish.done is not None, finish.samples[-5:]
-    when, step, p50 = finish.half
-    took = finish.done - when
-    assert p50 == pytest.approx(took, rel=0.15), (step, p50, took)
