@@ -16,7 +16,7 @@ def test_glibc_takes_the_settings_and_the_trim_thread_stops() -> None:
     assert allocator.tune() is True
     stop = threading.Event()
     thread = allocator.trim_every(0.01, stop)
-    assert thread.is_alive()
+    assert thread is not None and thread.is_alive()
     stop.set()
     thread.join(5)
     assert not thread.is_alive()

@@ -49,14 +49,15 @@ def tune() -> bool:
     return ok
 
 
-def trim_every(seconds: float, stop: threading.Event) -> threading.Thread:
-    """A thread that trims the heap every `seconds` until `stop` is set."""
+def trim_every(seconds: float, stop: threading.Event) -> threading.Thread | None:
+    """A thread that trims the heap every `seconds` until `stop` is set; None where the C library is not glibc."""
     libc = _libc()
+    if libc is None:
+        return None
 
     def loop() -> None:
         while not stop.wait(seconds):
-            if libc is not None:
-                libc.malloc_trim(0)
+            libc.malloc_trim(0)
 
     thread = threading.Thread(target=loop, name="malloc-trim", daemon=True)
     thread.start()
