@@ -50,12 +50,13 @@ STAGGER = 8.0  # seconds between two jobs' starts: twenty processes importing to
 
 @dataclass
 class TwoNodeJob:
-    """straggler_jobs.py under goodput-instrument and torchrun, one agent per node (2 ranks each, node A's first);
-    torchrun's run id is the workload."""
+    """straggler_jobs.py under goodput-instrument and torchrun, one agent per node (per_node ranks each, node A's
+    first); torchrun's run id is the workload."""
 
     name: str
     framework: str
     extra: dict[str, str]
+    per_node: int = 2  # ranks on each node
     agents: list[subprocess.Popen[bytes]] = field(default_factory=list)
     workdir: Path = Path()
 
@@ -74,7 +75,8 @@ class TwoNodeJob:
             log = (self.workdir / f"agent{node.index}.log").open("wb")
             self.agents.append(subprocess.Popen(
                 [str(DEV_BIN / "goodput-instrument"), str(DEV_BIN / "torchrun"), "--nnodes", "2", "--nproc-per-node",
-                 "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", self.name, str(script)],
+                 str(self.per_node), "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", self.name,
+                 str(script)],
                 env=env, cwd=self.workdir, stdout=log, stderr=subprocess.STDOUT, start_new_session=True))
             time.sleep(0.5)  # node A joins the rendezvous first: its ranks come first
         return self

@@ -1,7 +1,9 @@
 """When each training workload will finish: its progress towards its target, the time and GPU-hours left at P50 and
 P90 with its risk of interruptions, and what its badput costs ahead. docs/forecast.md explains the model.
 
-    uninterrupted  remaining steps x the workload's robust step time / (1 - its step overhead)
+    uninterrupted  remaining steps x the workload's robust step time / (1 - its step overhead), counted from when
+                   its step number was scraped: a finish date, so that the groups that read it later (and the scrape
+                   before them) do not add their delay to the time left
                    robust step time: the median over its ranks of each rank's change-detector baseline (the level it
                    holds through checkpoint and evaluation spikes; else its 1h median of per-minute medians)
                    step overhead: the share of its ranks' run time outside steps (evaluation, checkpoint saves,
@@ -39,6 +41,7 @@ Z90 = 1.2816  # the standard normal's 90th percentile
 MAX_LOAD = 0.9  # lambda x cost at or above it: no forecast
 
 STEP = "workload:goodput_step_number:max"
+STEP_AT = "workload:goodput_step_number_timestamp_seconds:max"
 TARGET = "workload:goodput_target_step_number:max"
 DEADLINE = "workload:goodput_deadline_timestamp_seconds:min"
 RANKS = "workload:goodput_ranks:count"
@@ -52,6 +55,7 @@ RATE = "workload:goodput_interruptions_per_gpu_hour:estimate"
 COST = "workload:goodput_interruption_cost_seconds:estimate"
 PROGRESS = "workload:goodput_progress_ratio"
 REMAINING = "workload:goodput_remaining_steps"
+FINISH_UNINTERRUPTED = "workload:goodput_finish_timestamp_seconds:uninterrupted"
 UNINTERRUPTED = "workload:goodput_time_to_finish_seconds:uninterrupted"
 INTERRUPTIONS = "workload:goodput_interruptions_to_finish:mean"
 P50 = "workload:goodput_time_to_finish_seconds:p50"
@@ -72,6 +76,11 @@ def _progress(s: RulesSettings) -> list[Rule]:
     by = f"{c}, workload"
     return [
         {"record": STEP, "expr": f"max by ({by}) (goodput_step_number)"},
+        # when that step number was read (the scrape's time): the finish dates count from it, not from the
+        # evaluation that reads the estimates, a scrape and up to three groups' evaluations later. `and` the series
+        # itself: MetricsQL's timestamp() looks further back than its plain selector (minutes past a job's end)
+        {"record": STEP_AT,
+         "expr": f"max by ({by}) (\n  timestamp(goodput_step_number)\n  and\n  goodput_step_number\n)"},
         {"record": TARGET, "expr": f"max by ({by}) (goodput_target_step_number)"},
         {"record": DEADLINE, "expr": f"min by ({by}) (goodput_deadline_timestamp_seconds)"},
         # the ranks reporting now (a dormant rank's account has no last-event gauge)
@@ -135,9 +144,10 @@ def _estimates(s: RulesSettings) -> list[Rule]:
                  f"  or\n    {WALL} / 3600 + {prior_rate:g}\n)"},
         {"record": COST,
          "expr": f"({LOST} + {seconds(s.forecast_interruption_cost)})\n/ ({RESTARTS} + 1)"},
-        # no overhead figure (no step histogram yet): none
-        {"record": UNINTERRUPTED,
-         "expr": f"{remaining} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
+        # the date it would finish uninterrupted, from when its step number was read (a date does not age as the
+        # groups after this one read it); no overhead figure (no step histogram yet): none
+        {"record": FINISH_UNINTERRUPTED,
+         "expr": f"{STEP_AT}\n+ {remaining} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
         # the best goodput it sustained over the long window within the memory: kept through a gap shorter than it
         # (a max_over_time of another record, not a running maximum reading its own: that would be a cycle)
         {"record": best(s), "expr": _best_expr(s)},
@@ -155,8 +165,9 @@ def _finish(s: RulesSettings) -> list[Rule]:
     more: a finish date minutes behind its inputs and absent for as long after a job starts)."""
     lam = f"{RATE} * {RANKS} / 3600"  # interruptions per second of the workload's wall time
     load = f"(1 - ({lam} * {COST} < {MAX_LOAD:g}))"  # absent at or above MAX_LOAD
-    p50 = f"{UNINTERRUPTED}\n/ {load}"
-    interruptions = f"{UNINTERRUPTED} * {lam}\n/ {load}"
+    left = f"clamp_min({FINISH_UNINTERRUPTED} - time(), 0)"  # its uninterrupted time left, from now
+    p50 = f"{left}\n/ {load}"
+    interruptions = f"{left} * {lam}\n/ {load}"
     p90 = f"{p50}\n+ {Z90:g} * sqrt(\n  {interruptions.replace(chr(10), chr(10) + '  ')}\n) * {COST}"
     goodput = f"workload:goodput_ratio:rate{s.windows[-1]}"
 
@@ -164,6 +175,7 @@ def _finish(s: RulesSettings) -> list[Rule]:
         return f"(\n  {expr.replace(chr(10), chr(10) + '  ')}\n)\n{factor}"
 
     return [
+        {"record": UNINTERRUPTED, "expr": left},
         {"record": INTERRUPTIONS, "expr": interruptions},
         {"record": P50, "expr": p50},
         {"record": P90, "expr": p90},
@@ -174,7 +186,7 @@ def _finish(s: RulesSettings) -> list[Rule]:
         # the GPU-hours of its uninterrupted time left that its best goodput would not spend (the best written out,
         # not read from its record: the long-window goodput is itself deep in the rules' levels)
         {"record": BADPUT_GPU_HOURS,
-         "expr": f"clamp_min(\n  {UNINTERRUPTED} * {RANKS} / 3600\n  * (1 - {goodput} / ({_best_expr(s)} > 0)),\n"
+         "expr": f"clamp_min(\n  {left} * {RANKS} / 3600\n  * (1 - {goodput} / ({_best_expr(s)} > 0)),\n"
                  "  0\n)"},
     ]
 
