@@ -539,6 +539,10 @@ def _training(f: Fleet, node0: Target, node1: Target, finetune: Callable[[float]
         if r == 5:
             f.gauge(node0, "goodput_collective_missing_rank", {**w, "pg": "0", "seq": "48001", "op": "all_reduce"},
                     lambda s: 1.0 if s >= HANG + 20 else None)
+    # pretrain is named across its runs (GOODPUT_JOB): the crash's restart came as a second run, its lineage
+    for run, since in (("pretrain-1", -5400.0), ("pretrain-2", float(RESTARTED))):
+        f.gauge(node0, "goodput_workload_run_start_timestamp_seconds", {"workload": "pretrain", "run": run},
+                lambda s, since=since: float(f.t0 + since) if s >= since else None)
     for r in range(4):
         w = {"workload": "finetune", "rank": str(r)}
         shares = {"compute": 0.52, "data_wait": 0.23, "comm_wait": 0.12, "untracked": 0.13}

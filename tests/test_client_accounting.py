@@ -282,6 +282,29 @@ def test_a_process_the_launcher_restarted_opens_with_a_restart(sent: tuple[str, 
     assert all("started_at" not in e for e in events[1:])
 
 
+@pytest.mark.parametrize(("variables", "workload", "run"), [
+    ({"GOODPUT_JOB": "llm-7b", "TORCHELASTIC_RUN_ID": "rdzv-2"}, "llm-7b", "rdzv-2"),
+    ({"GOODPUT_JOB": "llm-7b", "SLURM_JOB_ID": "4243"}, "llm-7b", "4243"),
+    ({"TORCHELASTIC_RUN_ID": "rdzv-2"}, "rdzv-2", None),  # the launcher names the workload: no run of its own
+    ({"GOODPUT_JOB": "llm-7b"}, "llm-7b", None)])  # no launcher to name the run
+def test_a_job_named_across_its_runs_names_its_run_in_its_first_event(
+        sent: tuple[str, Events], variables: dict[str, str], workload: str, run: str | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """GOODPUT_JOB names the workload; the launcher's name is the run, sent with the first event only, so that the
+    daemon takes the start of another run as a resubmission of the job."""
+    url, events = sent
+    for name in ("GOODPUT_JOB", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, setting in variables.items():
+        monkeypatch.setenv(name, setting)
+    telemetry = Telemetry(url=url, rank=0, flush_interval=0.05)
+    telemetry.record_step(0.1)
+    closed(telemetry, events)
+    assert {e["workload"] for e in events} == {workload}
+    assert events[0]["event"] == "start" and events[0].get("run") == run
+    assert all("run" not in e for e in events[1:])
+
+
 def test_an_explicit_step_number_resets_the_count(sent: tuple[str, Events]) -> None:
     url, events = sent
     telemetry = telemetry_to(url, resumed_from_step=10)

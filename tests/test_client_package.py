@@ -329,7 +329,8 @@ WITHIN_CONTRACT = {
     "every phase": [phase_event(LIMITS, 1, phase, 1.0) for phase in PHASES],
     "every deprecated phase": [phase_event(LIMITS, 1, phase, 1.0) for phase in DEPRECATED_PHASES],
     "every optional key": [
-        lifecycle_event(LIMITS, 6, "start", elapsed_seconds=0.0, started_at=1.7e9, resumed_from_step=0),
+        lifecycle_event(LIMITS, 6, "start", elapsed_seconds=0.0, started_at=1.7e9, resumed_from_step=0,
+                        run="torchrun-run-1"),
         phase_event(LIMITS, 6, "compute", 1.0, elapsed_seconds=1.0),
         step_event(LIMITS, 6, 1.0, 10, 1, step=1, flops=1e15, dtype="bf16", elapsed_seconds=1.5),
         lifecycle_event(LIMITS, 6, "restart", elapsed_seconds=2.0, resumed_from_step=1),
@@ -374,6 +375,7 @@ BEYOND_CONTRACT = {
                                              elapsed_seconds=math.nextafter(MAX_ELAPSED, math.inf))],
     "a negative resumed_from_step": [lifecycle_event(LIMITS, 9, "restart", resumed_from_step=-1)],
     "started_at 0": [lifecycle_event(LIMITS, 9, "start", started_at=0.0)],
+    "a run that is no workload name": [lifecycle_event(LIMITS, 9, "start", started_at=1.7e9, run="a run")],
     "a negative pipeline stage": [contract.role_event(LIMITS, 9, -1, 0)],
     "a role index at MAX_ROLE_INDEX": [contract.role_event(LIMITS, 9, 0, contract.MAX_ROLE_INDEX)],
     "a role without its replica": [{"type": "role", "workload": LIMITS, "rank": 9, "pipeline_stage": 1}],

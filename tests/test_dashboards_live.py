@@ -41,6 +41,9 @@ ALLOWED_EMPTY: dict[tuple[str, str], str] = {
     ("goodput-collectives", "NCCL keeps a GPU off its closest NIC"):
         "shows only a job whose NCCL_IB_HCA or NCCL_SOCKET_IFNAME is set: the demo job runs as threads of the "
         "demo's own process, which sets neither (tests/test_fabric_source.py covers the metric with real processes)",
+    ("goodput-workload", "Runs"):
+        "shows only a job named across its runs (GOODPUT_JOB): the demo job is one run that its own name names "
+        "(tests/test_instrument_forecast.py runs the panel's query on a real job resubmitted under GOODPUT_JOB)",
 }
 
 SETTLE_SECONDS = 20  # the short window filled, so the 20s rules have values

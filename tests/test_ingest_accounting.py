@@ -183,6 +183,67 @@ def test_a_new_run_under_the_same_name_is_no_restart() -> None:
     assert of(found, "goodput_step_number") == 3
 
 
+def runs(found: dict) -> dict[str, float]:
+    return {dict(labels)["run"]: v for (name, labels), v in found.items()
+            if name == "goodput_workload_run_start_timestamp_seconds" and dict(labels)["workload"] == W}
+
+
+def test_a_resubmission_of_the_job_is_a_restart_and_its_runs_its_lineage() -> None:
+    """The job named across its runs (GOODPUT_JOB): a "start" of another run is a restart of the job (the gap is
+    downtime, the steps its first step number says it redoes are wasted), and both runs are its lineage."""
+    ingest = state()
+    send(ingest, start(START, run="run-a"))
+    at = run_steps(ingest, 1, 10, 0.0, {})
+    send(ingest, {"type": "lifecycle", "event": "end", "elapsed_seconds": at})
+    resubmitted = START + at + 900.0  # a quarter of an hour in the queue
+    send(ingest, start(resubmitted, run="run-b"))  # a Trainer resumed from step 8: its first step is 9
+    second = run_steps(ingest, 9, 12, 0.0, {})
+    found = metrics(ingest)
+    assert of(found, "goodput_downtime_seconds_total") == pytest.approx(900.0)
+    assert of(found, "goodput_wasted_steps_total") == 2
+    assert of(found, "goodput_wasted_seconds_total") == pytest.approx(3.0)
+    assert of(found, "goodput_workload_restarts_total") == 1
+    assert of(found, "goodput_elapsed_seconds_total") == pytest.approx(at + second)
+    assert of(found, "goodput_step_number") == 12
+    assert runs(found) == {"run-a": START, "run-b": resubmitted}
+
+
+def test_the_same_run_started_again_and_a_run_not_named_are_new_runs_not_resubmissions() -> None:
+    """A start of the run the rank last belonged to (its launcher reused the name) is a new run, as before runs
+    were named; so is a start that names none (an older client, a job its launcher names)."""
+    for first, again in (("run-a", "run-a"), ("run-a", None), (None, "run-b")):
+        ingest = state()
+        send(ingest, start(START, **({"run": first} if first else {})))
+        at = run_steps(ingest, 1, 6, 0.0, {})
+        send(ingest, start(START + at + 60.0, **({"run": again} if again else {})))
+        run_steps(ingest, 1, 3, 0.0, {})
+        found = metrics(ingest)
+        assert of(found, "goodput_downtime_seconds_total") == 0, (first, again)
+        assert of(found, "goodput_wasted_steps_total") == 0, (first, again)
+        assert of(found, "goodput_workload_restarts_total") == 0, (first, again)
+        assert set(runs(found)) == {r for r in (first, again) if r}, (first, again)
+
+
+def test_a_jobs_lineage_survives_a_daemon_restart_and_keeps_its_last_runs(tmp_path: Path) -> None:
+    clock = ManualClock(LATER)
+    before = state(tmp_path, clock)
+    for n in range(20):  # twenty runs of one step each, a minute apart
+        send(before, start(START + 60.0 * n, run=f"run-{n:02d}"))
+        run_steps(before, 1 + n, 1 + n, 0.0, {})
+    before.save()
+    after = state(tmp_path, clock)
+    send(after, start(START + 60.0 * 20, run="run-20"))
+    found = metrics(after)
+    assert runs(found) == {f"run-{n:02d}": START + 60.0 * n for n in range(5, 21)}  # the last 16
+    assert of(found, "goodput_workload_restarts_total") == 20
+
+
+def test_a_run_that_is_no_workload_name_rejects_the_batch() -> None:
+    ingest = state()
+    with pytest.raises(ValueError, match="run"):
+        send(ingest, start(START, run="no spaces allowed"))
+
+
 def test_redone_steps_older_than_the_history_are_counted_without_seconds(caplog: pytest.LogCaptureFixture) -> None:
     ingest = state(step_history=4)
     send(ingest, start(START))

@@ -10,17 +10,31 @@ goodput-instrument and torchrun, reporting to node A's and node B's daemons; one
   date's distance from the actual finish (the first scrape that saw the target step) over the time from then to the
   finish.
 
+And one job across its runs: the Hugging Face job named `GOODPUT_JOB=resub`, checkpointing every SAVE steps, run
+by torchrun as run `resub-1`, killed (SIGKILL, every process) some steps after a checkpoint, and submitted again as
+run `resub-2` (a new rendezvous id) that resumes from that checkpoint:
+
+- one workload in the series (none named after either run), both runs in its lineage (the rules' count, the
+  workload dashboard's Runs panel's own query);
+- on each rank: the steps it made past the checkpoint counted as redone (goodput_wasted_steps_total), the gap
+  between the runs as downtime, one restart;
+- the forecast continuing: the same workload's P50 finish is forecast in the second run, and its progress reaches
+  the target.
+
 The jobs' work is sleeps (FORWARD 0.2 s a step), so that the loaded 2-core machine's scheduling is small beside it.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import httpx
 import pytest
+from conftest import ROOT
+from goodput_mixin.dashboards.lint import panels, query_values, substitute
 from goodput_mixin.demo.stack import Ports, Stack
 from test_instrument_waits_alerts import STAGGER, TwoNodeJob
 from test_multinode_e2e import query
@@ -118,3 +132,118 @@ def test_the_forecast_at_half_way_is_within_15_percent_of_the_finish(finishes: d
     took = w.finished - made
     assert took > 20, (w.half, w.forecast, w.finished)  # half way left it most of its second half to run
     assert abs(date - w.finished) <= BOUND * took, (w.half, w.forecast, w.finished, took)
+
+
+JOB = "resub"
+RESUB_STEPS, SAVE = 70, 20
+GAP = 5.0  # seconds between the first run's kill and the second's submission
+
+
+@dataclass
+class Resubmitted:
+    last: dict[str, float]  # each rank's last step number the daemons had when the first run was killed
+    killed: float  # wall time of the kill
+    submitted: float  # wall time the second run was submitted
+    forecast: tuple[float, float] | None  # (when, the P50 finish date) once the second run made progress of its own
+    finished: float | None  # the first scrape that saw its last step
+    progress: float | None  # the workload's progress at the end
+
+
+def _values(stack: Stack, expr: str, label: str = "rank") -> dict[str, float]:
+    return {s["metric"].get(label, ""): float(s["value"][1]) for s in query(stack, expr)}  # type: ignore[index]
+
+
+def _until(what: str, check, timeout: float = 180.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def resubmitted(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Resubmitted]:
+    """Run 1 until a checkpoint and some steps past it, killed; the gap; run 2, resuming, to its end. (The forecast
+    jobs, whose tests come first, have finished: one batch at a time.)"""
+    top = tmp_path_factory.mktemp("resubmission")
+    checkpoints = top / "checkpoints"
+    extra = {"STEPS": str(RESUB_STEPS), "SAVE_STEPS": str(SAVE), "CHECKPOINT_DIR": str(checkpoints),
+             "GOODPUT_JOB": JOB}
+    first = TwoNodeJob(f"{JOB}-1", "hf", extra, per_node=1)
+    second = TwoNodeJob(f"{JOB}-2", "hf", extra, per_node=1)
+    sel = f'{{workload="{JOB}"}}'
+    try:
+        first.start(stack, top)
+        _until("the first run checkpointed and went 6 steps past it", lambda: first.alive() and (
+            checkpoints / f"checkpoint-{SAVE}").is_dir() and len(steps := _values(
+                stack, f"goodput_step_number{sel}")) == 2 and min(steps.values()) >= SAVE + 6)
+        first.stop()
+        killed = time.time()
+        time.sleep(GAP)
+        last = _values(stack, f"goodput_step_number{sel}")  # what the daemons had of it: its events in flight lost
+        submitted = time.time()
+        second.start(stack, top)
+        forecast: list[tuple[float, float]] = []
+        ahead = max(last.values()) + 5  # past what the first run had made: the second run's own progress
+
+        def done() -> bool:
+            second.alive()
+            if not forecast and min(_values(stack, f"workload:goodput_step_number:max{sel}", "workload").values(),
+                                    default=0) >= ahead:
+                forecast.extend((time.time(), v) for v in _values(
+                    stack, f"workload:goodput_finish_timestamp_seconds:p50{sel}", "workload").values())
+            steps = _values(stack, f"goodput_step_number{sel}")
+            return len(steps) == 2 and min(steps.values()) >= RESUB_STEPS
+
+        _until("the second run finished", done)
+        finished = query(stack, f"min(timestamp(goodput_step_number{sel} >= {RESUB_STEPS}))")
+        time.sleep(12)  # the estimates and the finish groups read the last step (5 s groups)
+        progress = _values(stack, f"workload:goodput_progress_ratio{sel}", "workload").get(JOB)
+        found = Resubmitted(last, killed, submitted, forecast[0] if forecast else None,
+                            float(finished[0]["value"][1]) if finished else None, progress)  # type: ignore[index]
+        print(f"resubmission: {found}; wasted steps, downtime: "
+              f"{_values(stack, f'goodput_wasted_steps_total{sel}')}, "
+              f"{_values(stack, f'goodput_downtime_seconds_total{sel}')}")
+        yield found
+    finally:
+        first.stop()
+        second.stop()
+
+
+def test_the_resubmitted_job_is_one_workload_with_both_runs_in_its_lineage(stack: Stack,
+                                                                           resubmitted: Resubmitted) -> None:
+    assert not query(stack, f'goodput_steps_total{{workload=~"{JOB}-.*"}}')  # no workload named after a run
+    assert _values(stack, f'workload:goodput_runs:count{{workload="{JOB}"}}', "workload") == {JOB: 2}
+    workload = json.loads((ROOT / "dashboards" / "6-workload.json").read_text())
+    panel = next(p for p in panels(workload) if p.get("title") == "Runs")
+    expr = substitute(panel["targets"][0]["expr"], {**query_values(workload), "workload": JOB})
+    started = _values(stack, expr, "run")
+    assert set(started) == {f"{JOB}-1", f"{JOB}-2"}, started
+    # the dashboard's dates, in ms: the first run before the kill, the second after its submission
+    assert started[f"{JOB}-1"] / 1000 < resubmitted.killed < resubmitted.submitted < started[f"{JOB}-2"] / 1000
+
+
+def test_the_steps_redone_after_the_resubmission_are_wasted_and_the_gap_is_downtime(
+        stack: Stack, resubmitted: Resubmitted) -> None:
+    sel = f'{{workload="{JOB}"}}'
+    wasted = _values(stack, f"goodput_wasted_steps_total{sel}")
+    downtime = _values(stack, f"goodput_downtime_seconds_total{sel}")
+    restarts = _values(stack, f"goodput_workload_restarts_total{sel}")
+    assert set(resubmitted.last) == {"0", "1"}, resubmitted.last
+    # each rank redid every step it had made past the checkpoint it resumed from
+    assert wasted == {rank: last - SAVE for rank, last in resubmitted.last.items()}, (wasted, resubmitted.last)
+    assert all(n >= 6 for n in wasted.values()), wasted
+    # the gap: from the first run's last event (before the kill) to the second run's processes' start (after the
+    # submission, torchrun's and Python's start-up later)
+    assert all(GAP <= d <= GAP + 60 for d in downtime.values()), downtime
+    assert restarts == {"0": 1, "1": 1}, restarts
+
+
+def test_the_forecast_continues_across_the_runs(resubmitted: Resubmitted) -> None:
+    """The same workload's forecast, once the second run stepped past where the first had been: its P50 finish
+    date within 25% of the time the run then took (the restart the resubmission counted barely moves it: one
+    interruption in a few rank-minutes against the cluster's prior of 2e-5 per GPU-hour)."""
+    assert resubmitted.forecast is not None and resubmitted.finished is not None, resubmitted
+    when, date = resubmitted.forecast
+    took = resubmitted.finished - when
+    assert took > 5 and abs(date - resubmitted.finished) <= 0.25 * took, resubmitted
+    assert resubmitted.progress == 1

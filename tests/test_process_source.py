@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, ManualClock, live_server, quick_config, series, value, wait_for
-from goodput_client.launcher import workload_from
+from goodput_client.launcher import job_from, run_from, workload_from
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.ingest.models import StepEvent
@@ -346,3 +346,16 @@ def test_a_loopback_rendezvous_is_qualified_with_the_host(spawn) -> None:  # typ
     identity = read_identity(Path("/proc"), child.pid)
     host = socket.gethostname().partition(".")[0]
     assert (identity.workload, identity.rank) == (f"{host}/localhost:29500", 2)
+
+
+def test_goodput_job_names_the_workload_over_the_launchers_run(spawn) -> None:  # type: ignore[no-untyped-def]
+    """GOODPUT_JOB, the job's name across its runs, wins over the launcher's run id, as the client names itself; a
+    GOODPUT_JOB that is no workload name is passed over for the run."""
+    assert workload_from({"GOODPUT_JOB": "llm-7b", "TORCHELASTIC_RUN_ID": "run-8"}) == "llm-7b"
+    assert run_from({"GOODPUT_JOB": "llm-7b", "TORCHELASTIC_RUN_ID": "run-8"}) == "run-8"
+    assert workload_from({"GOODPUT_JOB": "bad name\n", "SLURM_JOB_ID": "77"}) == "77"
+    assert job_from({"GOODPUT_JOB": "  "}) is None
+    child = spawn(GOODPUT_JOB="llm-7b", TORCHELASTIC_RUN_ID="run-8", RANK="1")
+    wait_for(lambda: b"GOODPUT_JOB" in Path(f"/proc/{child.pid}/environ").read_bytes())
+    identity = read_identity(Path("/proc"), child.pid)
+    assert (identity.workload, identity.rank) == ("llm-7b", 1)

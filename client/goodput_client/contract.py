@@ -11,7 +11,7 @@ module level, so that both sides (and a training image) can import it for free.
      "step": N, "flops": F, "dtype": D, "elapsed_seconds": T}
     {"type": "phase", "workload": W, "rank": R, "phase": P, "seconds": S, "elapsed_seconds": T}
     {"type": "lifecycle", "workload": W, "rank": R, "event": E, "elapsed_seconds": T,
-     "started_at": U, "resumed_from_step": N}
+     "started_at": U, "resumed_from_step": N, "run": X}
     {"type": "role", "workload": W, "rank": R, "pipeline_stage": S, "data_parallel_rank": D}
     {"type": "target", "workload": W, "rank": R, "target_steps": N, "deadline": U}
     {"type": "request", "workload": W, "rank": R, "model": M,
@@ -35,6 +35,12 @@ The keys of the second lines are optional (older clients send none of them):
     resumed_from_step  0 <= N <= MAX_COUNT ("start" or "restart"): the checkpoint the process resumed from
                        holds the state after step N; steps numbered above N that the rank had completed
                        before are redone (wasted progress).
+    run                X matches WORKLOAD_PATTERN ("start" or "restart", with started_at): the launch of the job
+                       this process belongs to, where the workload names the job across its runs (GOODPUT_JOB, an
+                       explicit workload) and the launcher names each run (torchrun's run id, a Slurm job ID).
+                       A "start" of a run other than the rank's last is a resubmission of the same job: the
+                       daemon takes it as a "restart" (the gap is downtime, the steps it redoes wasted progress).
+                       The client sends it only where it differs from the workload.
     step               1 <= N <= MAX_COUNT: the global number of the step completed (steps count 1, 2, ...
                        across restarts, never per epoch).
     flops              0 <= F <= MAX_FLOPS: the model FLOPs of the step; dtype, in FLOPS_DTYPES (default
@@ -253,7 +259,8 @@ def phase_event(workload: str, rank: int, phase: str, seconds: float, *,
 
 
 def lifecycle_event(workload: str, rank: int, event: str, *, elapsed_seconds: float | None = None,
-                    started_at: float | None = None, resumed_from_step: int | None = None) -> Event:
+                    started_at: float | None = None, resumed_from_step: int | None = None,
+                    run: str | None = None) -> Event:
     body: Event = {"type": "lifecycle", "workload": workload, "rank": rank, "event": event}
     if elapsed_seconds is not None:
         body["elapsed_seconds"] = max(0.0, elapsed_seconds)
@@ -261,6 +268,8 @@ def lifecycle_event(workload: str, rank: int, event: str, *, elapsed_seconds: fl
         body["started_at"] = float(started_at)
     if resumed_from_step is not None:
         body["resumed_from_step"] = int(resumed_from_step)
+    if run is not None:
+        body["run"] = run
     return body
 
 

@@ -4,7 +4,9 @@ One definition, used by the training client (the identity it declares when none 
 daemon's process source (the identity it reads from a GPU process's environment), so that both name a
 job the same way:
 
-    workload  TORCHELASTIC_RUN_ID (torchrun; its placeholder "none" is ignored), else SLURM_JOB_ID,
+    workload  GOODPUT_JOB (the job's own name, the same in each of its runs: a resubmission under a new run
+              id, a new Slurm job, a recreated pod, stays one workload), else the run below
+    run       TORCHELASTIC_RUN_ID (torchrun; its placeholder "none" is ignored), else SLURM_JOB_ID,
               else MASTER_ADDR:MASTER_PORT (a rendezvous every rank of one job shares). A loopback
               MASTER_ADDR (localhost, 127.x, ::1: the tutorials' default) is shared by unrelated
               single-node jobs on every node, so it is qualified with the host name:
@@ -26,9 +28,10 @@ from collections.abc import Mapping
 
 from .contract import MAX_RANK, WORKLOAD_PATTERN
 
+JOB_ENV = "GOODPUT_JOB"  # the job's identity across its runs
 RESTART_COUNTS = ("TORCHELASTIC_RESTART_COUNT", "SLURM_RESTART_COUNT")  # set by torchrun's agent, by Slurm on requeue
 NO_RUN_ID = "none"  # torchrun's --rdzv-id when none was given: shared by unrelated jobs, not a name
-VARIABLES = ("TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "SLURM_PROCID")
+VARIABLES = (JOB_ENV, "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "MASTER_ADDR", "MASTER_PORT", "RANK", "SLURM_PROCID")
 
 _WORKLOAD = re.compile(WORKLOAD_PATTERN)
 
@@ -48,9 +51,21 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def job_from(env: Mapping[str, str]) -> str | None:
+    """GOODPUT_JOB, where it is a valid workload name; else None."""
+    name = env.get(JOB_ENV, "").strip()
+    return name if name and valid_workload(name) else None
+
+
 def workload_from(env: Mapping[str, str], hostname: str | None = None) -> str | None:
-    """The workload the launcher variables name, or None (absent, or not a valid workload name).
+    """The workload: GOODPUT_JOB, else the run the launcher variables name; None where neither names a valid one.
     `hostname` qualifies a loopback MASTER_ADDR (default: this host's name)."""
+    return job_from(env) or run_from(env, hostname)
+
+
+def run_from(env: Mapping[str, str], hostname: str | None = None) -> str | None:
+    """The run the launcher variables name (this launch of the job), or None (absent, or not a valid workload
+    name). `hostname` qualifies a loopback MASTER_ADDR (default: this host's name)."""
     run_id = env.get("TORCHELASTIC_RUN_ID", "")
     if run_id and run_id != NO_RUN_ID:
         name = run_id

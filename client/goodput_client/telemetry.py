@@ -452,6 +452,12 @@ class Telemetry:
         self.tpot_objective_seconds = float(tpot_objective_seconds)
         self._models: dict[str, bool] = {}  # model name -> whether it matches MODEL_PATTERN
         self.workload, self.rank = _identity(workload, rank)
+        # the launch this process belongs to, where the workload names more than one (GOODPUT_JOB, or an explicit
+        # workload): sent with the first event, so that the daemon takes a new run of the job as a resubmission
+        from .launcher import run_from
+
+        launch = run_from(os.environ)
+        self.run = launch if launch != self.workload else None
         self.max_queue = max_queue
         self.max_batch = max_batch
         self.flush_interval = flush_interval
@@ -505,7 +511,7 @@ class Telemetry:
         now = _perf()
         self._t0 = now if since is None or not since <= now else since
         self.started_at = time.time() - (now - self._t0)  # the same instant on the wall clock
-        self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at))
+        self._put(("lifecycle", "restart" if self._restarted else "start", 0.0, resumed, self.started_at, self.run))
         self._target_from_env()
         stage = _from_env(PIPELINE_STAGE_ENV)
         if stage is not None:
@@ -639,7 +645,8 @@ class Telemetry:
             else:
                 with self._steps_lock:
                     self._last_step = resumed
-        self._put(("lifecycle", event, now - self._t0, resumed, None))  # started_at: the constructor's event only
+        # started_at and run: the constructor's event only
+        self._put(("lifecycle", event, now - self._t0, resumed, None, None))
 
     def role(self, pipeline_stage: int, data_parallel_rank: int = 0) -> None:
         """Where this rank sits in the job's parallelism: its pipeline stage (0 for the first; 0 without pipeline
@@ -880,7 +887,7 @@ class Telemetry:
         """The wire event of a queued tuple:
             ("phase", name, seconds, elapsed)
             ("step", duration, tokens, samples, number|None, flops|None, elapsed|None)
-            ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None)
+            ("lifecycle", event, elapsed, resumed_from_step|None, started_at|None, run|None)
             ("request", ...)
             ("capture", id, kind, result, path, bytes, message)
             ("role", pipeline_stage, data_parallel_rank)
@@ -907,9 +914,9 @@ class Telemetry:
             _, capture_id, capture_kind, result, path, size, message = event
             return capture_event(self.workload, self.rank, capture_id, capture_kind, result, path=path, size=size,
                                  message=message)
-        _, name, elapsed, resumed, started_at = event
+        _, name, elapsed, resumed, started_at, run = event
         return lifecycle_event(self.workload, self.rank, name, elapsed_seconds=elapsed, started_at=started_at,
-                               resumed_from_step=resumed)
+                               resumed_from_step=resumed, run=run)
 
     def _send(self, batch: list[tuple], path: str = EVENTS_PATH) -> str | None:  # type: ignore[type-arg]
         """Post one batch; None when the daemon accepted it (and the capture requests of its answer are taken

@@ -16,7 +16,8 @@ optimizer steps), by perf_counter around each; the rest of its steps is waiting 
 registers its own communication hook (DDP's averaging all-reduce, each bucket's launch and completion noted: the
 exposed wait from the last launch to the last completion), which goodput-instrument must leave in place
 (COMM_HOOK=0: DDP's built-in all-reduce). It writes its figures, losses and final parameters to
-$OUT_DIR/<run>-rank-N.json. Fixed seeds.
+$OUT_DIR/<run>-rank-N.json. Fixed seeds. The `hf` job checkpoints every SAVE_STEPS steps into CHECKPOINT_DIR and, run
+again, resumes from its last checkpoint there.
 """
 
 import json
@@ -220,13 +221,18 @@ def train_hf(rank: int, world: int) -> torch.nn.Module:
             OWN["step_time"] += time.perf_counter() - self.started
 
     model = Regression(rank)
+    # SAVE_STEPS: a checkpoint every that many steps, into CHECKPOINT_DIR (shared by the job's runs); a run that finds
+    # one there resumes from the last
+    output = os.environ.get("CHECKPOINT_DIR") or os.path.join(os.environ["OUT_DIR"], "hf")
+    save = int(os.environ.get("SAVE_STEPS", "0"))
     args = TrainingArguments(
-        output_dir=os.path.join(os.environ["OUT_DIR"], "hf"), per_device_train_batch_size=BATCH, max_steps=STEPS,
-        learning_rate=1e-2, lr_scheduler_type="constant", optim="sgd", save_strategy="no", logging_steps=1,
-        report_to=[], use_cpu=True, seed=0, data_seed=0, dataloader_num_workers=0, disable_tqdm=True,
-        max_grad_norm=0.0)
+        output_dir=output, per_device_train_batch_size=BATCH, max_steps=STEPS, learning_rate=1e-2,
+        lr_scheduler_type="constant", optim="sgd", save_strategy="steps" if save else "no", save_steps=save or 500,
+        logging_steps=1, report_to=[], use_cpu=True, seed=0, data_seed=0, dataloader_num_workers=0,
+        disable_tqdm=True, max_grad_norm=0.0)
     trainer = Trainer(model=model, args=args, train_dataset=Records(), callbacks=[Steps()])
-    trainer.train()
+    resume = save > 0 and os.path.isdir(output) and any(n.startswith("checkpoint-") for n in os.listdir(output))
+    trainer.train(resume_from_checkpoint=resume or None)
     OWN["losses"] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return model
 

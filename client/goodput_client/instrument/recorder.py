@@ -420,13 +420,15 @@ class Recorder:
             self.telemetry._declare_target(int(steps), None, by)
 
     def checkpoint_loaded(self, step: int) -> None:
-        """A process the launcher restarted loaded a checkpoint that says it holds the state after step `step`,
-        before its first step: where it resumed from (for the steps it redoes)."""
+        """A process the launcher restarted, or a new run of a job named across its runs (GOODPUT_JOB), loaded a
+        checkpoint that says it holds the state after step `step`, before its first step: where it resumed from (for
+        the steps it redoes). Elsewhere a loaded step is a starting point (fine-tuning from a checkpoint), not a
+        resumption."""
         if self.steps or threading.get_ident() != self.thread:
             return
-        from ..launcher import restart_count
+        from ..launcher import job_from, restart_count
 
-        if restart_count(os.environ) == 0:
+        if restart_count(os.environ) == 0 and job_from(os.environ) is None:
             return
         if self.state == "waiting":
             self.loaded_step = step

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 
 NEW_SESSION_SLACK = 1.0  # seconds: a reported elapsed this far below the session's means a new process
 CLOCK_SLACK = 5.0  # seconds the events' wall times may run ahead of the daemon's clock
+RUNS_KEPT = 16  # launches of a job remembered per rank (its lineage's series)
 
 
 class History:
@@ -191,9 +192,9 @@ class Account:
     """One rank's accounting on this node, over all its sessions."""
 
     __slots__ = ("base", "downtime", "first_wall", "flops", "history", "last_step", "last_wall", "offset",
-                 "pending_compute", "phases", "restarted", "restarts", "samples", "session_elapsed", "shifts",
-                 "started_at", "step_counts", "step_seconds", "steps", "tokens", "untracked", "wasted_compute",
-                 "wasted_seconds", "wasted_steps", "where")
+                 "pending_compute", "phases", "restarted", "restarts", "run", "runs", "samples", "session_elapsed",
+                 "shifts", "started_at", "step_counts", "step_seconds", "steps", "tokens", "untracked",
+                 "wasted_compute", "wasted_seconds", "wasted_steps", "where")
 
     def __init__(self, step_history: int, where: str = "") -> None:
         self.where = where  # "workload/rank", for the log
@@ -222,6 +223,8 @@ class Account:
         self.step_seconds = 0.0
         self.shifts = {"up": 0, "down": 0}  # lasting step-time shifts, by direction
         self.restarts = 0  # "restart" sessions
+        self.run: str | None = None  # the launch of the job the last session belonged to, where the client named one
+        self.runs: dict[str, float] = {}  # its launches (the last RUNS_KEPT): wall time of each one's first session
 
     # --- what the counters show -----------------------------------------------------------------------
 
@@ -269,11 +272,22 @@ class Account:
         self.last_wall = max(wall, self.last_wall or 0.0)
         self._settle(now)
 
+    def resubmitted(self, run: str | None) -> bool:
+        """Whether a "start" of `run` is a resubmission of the job: a launch other than the one the rank's last
+        session belonged to (the workload names the job across its launches: GOODPUT_JOB)."""
+        return run is not None and self.run is not None and run != self.run and self.last_wall is not None
+
     def session(self, now: float, restart: bool, elapsed: float | None, started_at: float | None,
-                resumed_from_step: int | None) -> None:
-        """A "start" or "restart" lifecycle event. One carrying `started_at` begins a process session; a restart
-        without it (an older client, or a restart inside one process) only says where it resumed from."""
+                resumed_from_step: int | None, run: str | None = None) -> None:
+        """A "start" or "restart" lifecycle event. One carrying `started_at` begins a process session (of the launch
+        `run`, where named); a restart without it (an older client, or a restart inside one process) only says where
+        it resumed from."""
         if started_at is not None:
+            if run is not None:
+                self.run = run
+                self.runs.setdefault(run, started_at)
+                while len(self.runs) > RUNS_KEPT:  # the oldest launch goes
+                    del self.runs[min(self.runs, key=self.runs.__getitem__)]
             self._begin(now, started_at, elapsed or 0.0, restart)
         else:
             self._enter(now, elapsed, 0.0)
@@ -359,7 +373,8 @@ class Account:
                 "wasted_steps": self.wasted_steps, "wasted_seconds": self.wasted_seconds,
                 "wasted_compute": self.wasted_compute, "flops": dict(self.flops), "steps": self.steps,
                 "tokens": self.tokens, "samples": self.samples, "step_counts": list(self.step_counts),
-                "step_seconds": self.step_seconds, "shifts": dict(self.shifts), "restarts": self.restarts}
+                "step_seconds": self.step_seconds, "shifts": dict(self.shifts), "restarts": self.restarts,
+                "run": self.run, "runs": dict(self.runs)}
 
     def to_dict(self) -> dict[str, Any]:
         """A copy, for the state file's snapshot (JSON-ready). Once it is written, `history.written()`: the next delta
@@ -429,6 +444,12 @@ class Account:
         shifts = data.get("shifts", {})
         self.shifts = {"up": _whole(shifts.get("up", 0)), "down": _whole(shifts.get("down", 0))}
         self.restarts = _whole(data.get("restarts", 0))
+        # files of earlier releases kept no launches
+        run = data.get("run")
+        if run is not None and not isinstance(run, str):
+            raise ValueError(f"run {run!r} is not a name")
+        self.run = run
+        self.runs = {str(name): _number(start) for name, start in data.get("runs", {}).items()}
         if "history_delta" in data:
             self.history.apply(data["history_delta"])
 

@@ -98,6 +98,11 @@ CHECKPOINT_LAST_SAVE = _m(
 CHECKPOINT_INTERVAL = _m(
     "goodput_checkpoint_interval_seconds", Kind.GAUGE, "seconds",
     "Seconds between the rank's last two completed checkpoint saves; absent until it reported two.", WR)
+RUN_START = _m(
+    "goodput_workload_run_start_timestamp_seconds", Kind.GAUGE, "seconds",
+    "Unix time each run (launch) of the job started on this node: its first process's start. A workload that names "
+    "the job across its runs (GOODPUT_JOB) has one series per run its ranks here reported (the last 16), "
+    "its lineage; a job whose launcher names the workload, one at most.", ("workload", "run"))
 
 # --- inference servers: what each reported per finished request (a request event) ---
 WM = ("workload", "model")

@@ -95,6 +95,7 @@ class LifecycleEvent(_Timed):
     event: Literal[LIFECYCLE_EVENTS]  # type: ignore[valid-type]
     started_at: Annotated[float, Field(gt=0.0, le=1e11, allow_inf_nan=False)] | None = None
     resumed_from_step: Annotated[int, Field(ge=0, le=MAX_COUNT), WHOLE] | None = None
+    run: Workload | None = None  # the launch of the job, where the workload names the job across its runs
 
 
 RoleIndex = Annotated[int, Field(ge=0, lt=MAX_ROLE_INDEX), WHOLE]

@@ -344,12 +344,14 @@ class IngestState:
                     self._ends[(event.workload, str(event.rank))] = (now, peer_pid, True)
                 else:  # start, restart
                     self._ends.pop((event.workload, str(event.rank)), None)
-                    restart = event.event == "restart"
+                    # a start of another launch of the same job (a resubmission) is a restart of the job
+                    restart = event.event == "restart" or (
+                        event.started_at is not None and rank.account.resubmitted(event.run))
                     rank.account.restarts += restart
                     rank.ended_at = None
                     rank.variation.restart()
                     rank.account.session(now, restart, event.elapsed_seconds, event.started_at,
-                                         event.resumed_from_step)
+                                         event.resumed_from_step, event.run)
                 self.accepted[event.type] += 1
             self._dirty |= keys
         if peer_pid is not None and events:
@@ -605,6 +607,12 @@ class IngestState:
                     self._render(batch, key, figures)
                 else:
                     withheld += key in self._unsaved
+            runs: dict[tuple[str, str], float] = {}  # each launch of a workload: its earliest start here
+            for (workload, _), account in [*((k, r.account) for k, r in self._ranks.items()), *self._dormant.items()]:
+                for run, start in account.runs.items():
+                    runs[(workload, run)] = min(start, runs.get((workload, run), start))
+            for key, start in sorted(runs.items()):
+                batch.add(c.RUN_START, key, start)
             for key, model in sorted(self._models.items()):
                 batch.add(c.TTFT, key, model.ttft.rendered())
                 batch.add(c.TPOT, key, model.tpot.rendered())

@@ -78,9 +78,11 @@ def _verdict(names: Names, f: Filters) -> list[table.Panel | stat.Panel]:
     ]
 
 
-def _forecast(f: Filters) -> list[stat.Panel]:
-    """When the job finishes (docs/forecast.md): empty for a job that declared no target or stopped stepping."""
+def _forecast(names: Names, f: Filters) -> list[stat.Panel | table.Panel]:
+    """When the job finishes (docs/forecast.md): empty for a job that declared no target or stopped stepping. Below
+    it, the job's runs (its lineage, where it names the job across them)."""
     band = "{{workload}} P50", "{{workload}} P90"
+    c = names.cluster
     return [
         stat_panel(
             "Progress", "The job's step number over its target step (its max_steps: a framework's, "
@@ -104,6 +106,13 @@ def _forecast(f: Filters) -> list[stat.Panel]:
             "Badput ahead", "GPU-hours of the time left that the job would not spend at its best sustained goodput "
             "(its best hour): what fixing its badput is worth from here.",
             "short", [(f"{fc.BADPUT_GPU_HOURS}{f()}", "{{workload}}")], width=4, no_value="no forecast"),
+        labels_table_panel(
+            "Runs", "The job's runs (its launches: a torchrun run id, a Slurm job ID) and when each started, where "
+            "the job is named across them (GOODPUT_JOB): one job, one forecast, one lifetime goodput; each new run "
+            "counts as a restart (its gap as downtime, the steps it redoes as wasted progress). Empty for a job its "
+            "launcher names: each of its runs is a workload of its own.",
+            f"min by ({c}, workload, run) (goodput_workload_run_start_timestamp_seconds{f()}) * 1000",
+            ["workload", "run"], value="started", unit="dateTimeAsIso", width=24, height=5),
     ]
 
 
@@ -117,7 +126,7 @@ def build(names: Names) -> Dashboard:
     for panel in _verdict(names, f):
         d = d.with_panel(panel)
     d = d.with_row(row("Forecast"))
-    for panel in _forecast(f):
+    for panel in _forecast(names, f):
         d = d.with_panel(panel)
     d = d.with_row(row("Goodput"))
     d = d.with_panel(stat_panel(

@@ -42,6 +42,7 @@ MAX_LOAD = 0.9  # lambda x cost at or above it: no forecast
 
 STEP = "workload:goodput_step_number:max"
 STEP_AT = "workload:goodput_step_number_timestamp_seconds:max"
+RUNS = "workload:goodput_runs:count"
 TARGET = "workload:goodput_target_step_number:max"
 DEADLINE = "workload:goodput_deadline_timestamp_seconds:min"
 RANKS = "workload:goodput_ranks:count"
@@ -82,6 +83,9 @@ def _progress(s: RulesSettings) -> list[Rule]:
         {"record": STEP_AT,
          "expr": f"max by ({by}) (\n  timestamp(goodput_step_number)\n  and\n  goodput_step_number\n)"},
         {"record": TARGET, "expr": f"max by ({by}) (goodput_target_step_number)"},
+        # its lineage: the runs (launches) its ranks reported, where it names the job across them (GOODPUT_JOB)
+        {"record": RUNS,
+         "expr": f"count by ({by}) (\n  max by ({by}, run) (goodput_workload_run_start_timestamp_seconds)\n)"},
         {"record": DEADLINE, "expr": f"min by ({by}) (goodput_deadline_timestamp_seconds)"},
         # the ranks reporting now (a dormant rank's account has no last-event gauge)
         {"record": RANKS, "expr": f"count by ({by}) (goodput_workload_last_event_timestamp_seconds)"},
