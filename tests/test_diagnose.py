@@ -1,8 +1,9 @@
 """`goodput-exporter diagnose` against real Prometheus servers (Debian's prometheus, on 127.0.0.1).
 
 One runs the generated rules over a fixed picture of four workloads, its inputs recorded by a rule group of the test
-(the per-workload phase rates and GPU series the verdict's rules read): a healthy one, a comm-bound one, a comm-bound
-one on a lost GPU (the walk's order: cluster before network) and a data-starved one. Another has no rules, and serves
+(the per-workload phase rates and GPU series the verdict's and the risk's rules read): a healthy one, a comm-bound one
+on a GPU whose row remap waits for a reset (risk level drain, which no check of the walk judges), a comm-bound one on
+a lost GPU (the walk's order: cluster before network) and a data-starved one. Another has no rules, and serves
 its API over TLS with basic auth. The demo stack's faults are in test_diagnose_live.py.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import ssl
@@ -19,19 +21,21 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import jsonschema
 import pytest
 import yaml
 from conftest import ROOT, free_port
-from goodput_mixin.diagnose.walk import paren, with_matchers
+from goodput_mixin.diagnose.walk import paren, risk_reasons, with_matchers
 from goodput_mixin.rules.alerts import alerts
 from goodput_mixin.rules.render import rule_files
 from goodput_mixin.rules.settings import RulesSettings
 from goodput_mixin.rules.verdict import WALK, checks
 
 from exporter.cli import main
+from exporter.health.risk import LEVELS, WATCH
 
 SCHEMA = json.loads((ROOT / "docs" / "diagnose.schema.json").read_text())
 CLUSTER = "test"
@@ -46,6 +50,9 @@ PICTURE = {
 }
 EXPECTED = {"fed": ("healthy", "none"), "chatty": ("network", "comm_wait"), "broken": ("cluster", "gpu_lost"),
             "starved": ("host", "data_wait")}
+REMAP_PENDING = {"chatty"}  # its GPU's row remap waits for a reset
+# each GPU's risk level (gpu:goodput_gpu_risk_level:max): chatty's row remap pending and broken's lost GPU, drain
+RISK = {"GPU-a": 0, "GPU-b": 2, "GPU-c": 2, "GPU-d": 0}
 USER, PASSWORD = "diagnose", "diagnose-secret"
 # bcrypt of PASSWORD at cost 4 (Prometheus' web config takes bcrypt hashes only; cost 4 keeps each request quick)
 PASSWORD_HASH = "$2b$04$sgMNPNDf/n/2cPVuiyUeQemeHuoCyo1SIfw1RHZ4JPVmxv4a5CMfW"
@@ -53,7 +60,7 @@ PASSWORD_HASH = "$2b$04$sgMNPNDf/n/2cPVuiyUeQemeHuoCyo1SIfw1RHZ4JPVmxv4a5CMfW"
 
 def _picture_rules() -> dict[str, object]:
     """The inputs of the picture, recorded every second: each workload's phase rates, the GPU its process holds, and
-    that GPU's up state, with the labels the exporter's series carry."""
+    that GPU's up state and pending row remap, with the labels the exporter's series carry."""
     rules: list[dict[str, object]] = []
     w = SETTINGS.windows[0]
     for workload, (phases, uuid, up) in PICTURE.items():
@@ -63,7 +70,10 @@ def _picture_rules() -> dict[str, object]:
                   for phase, share in phases.items()]
         rules.append({"record": "goodput_gpu_workload_info", "expr": "vector(1)",
                       "labels": {**where, "uuid": uuid, "gpu": uuid[-1], "workload": workload, "rank": "0"}})
-        rules.append({"record": "goodput_gpu_up", "expr": f"vector({up})", "labels": {**where, "uuid": uuid}})
+        gpu = {**where, "uuid": uuid, "gpu": uuid[-1]}
+        rules.append({"record": "goodput_gpu_up", "expr": f"vector({up})", "labels": gpu})
+        rules.append({"record": "goodput_gpu_row_remap_pending", "expr": f"vector({int(workload in REMAP_PENDING)})",
+                      "labels": gpu})
     return {"groups": [{"name": "picture", "rules": rules}]}
 
 
@@ -97,21 +107,28 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.kill()
 
 
-def _verdicts(url: str) -> dict[str, tuple[str, str]]:
+def _query(url: str, expr: str) -> list[dict[str, Any]]:
     try:
-        response = httpx.get(f"{url}/api/v1/query", params={"query": "workload:goodput_bottleneck:info"}, timeout=5)
+        response = httpx.get(f"{url}/api/v1/query", params={"query": expr}, timeout=5)
     except httpx.HTTPError:
-        return {}
+        return []
     if response.status_code != 200:
-        return {}
-    return {s["metric"]["workload"]: (s["metric"]["layer"], s["metric"]["reason"])
-            for s in response.json()["data"]["result"]}
+        return []
+    return response.json()["data"]["result"]
+
+
+def _settled(url: str) -> tuple[dict[str, tuple[str, str]], dict[str, int]]:
+    """The verdicts, and each GPU's risk level."""
+    verdicts = {s["metric"]["workload"]: (s["metric"]["layer"], s["metric"]["reason"])
+                for s in _query(url, "workload:goodput_bottleneck:info")}
+    return verdicts, {s["metric"]["uuid"]: int(float(s["value"][1]))
+                      for s in _query(url, "gpu:goodput_gpu_risk_level:max")}
 
 
 @pytest.fixture(scope="module")
 def pictured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """Prometheus with the rules generated from SETTINGS and the picture; yielded once every verdict is the
-    expected one (the rule groups run concurrently: a verdict settles a few evaluations after the inputs)."""
+    """Prometheus with the rules generated from SETTINGS and the picture; yielded once every verdict and risk level is
+    the expected one (the rule groups run concurrently: a verdict settles a few evaluations after the inputs)."""
     workdir = tmp_path_factory.mktemp("diagnose-prometheus")
     (workdir / "rules").mkdir()
     recording = rule_files(SETTINGS, source="test_diagnose")["goodput-recording.rules.yml"]
@@ -122,9 +139,9 @@ def pictured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
                                  "rule_files": [str(workdir / "rules" / "*.rules.yml")]})
     try:
         deadline = time.monotonic() + 60
-        while _verdicts(url) != EXPECTED:
+        while _settled(url) != (EXPECTED, RISK):
             assert proc.poll() is None, (workdir / "prometheus.log").read_text()[-2000:]
-            assert time.monotonic() < deadline, f"verdicts {_verdicts(url)}, not {EXPECTED}"
+            assert time.monotonic() < deadline, f"verdicts and risk levels {_settled(url)}, not {(EXPECTED, RISK)}"
             time.sleep(0.5)
         yield Server(url, workdir)
     finally:
@@ -162,6 +179,12 @@ def test_the_schema_names_every_check_and_the_docs_carry_it() -> None:
     assert SCHEMA["$defs"]["reason"]["enum"] == [reason for _, reason in WALK]
     assert SCHEMA["$defs"]["layer"]["enum"] == list(dict.fromkeys(layer for layer, _ in WALK))
     assert SCHEMA["$defs"]["workload"]["properties"]["checks"]["minItems"] == len(WALK)
+    # every reason the risk rules record a level for, in their order (none: level ok)
+    expr = risk_reasons(RulesSettings())
+    assert expr.startswith("max by (cluster, instance, gpu, uuid, reason) (\n")  # the record's, the reason kept
+    reasons = re.findall(r'"reason", "(\w+)"', expr)
+    assert SCHEMA["$defs"]["risk_reason"]["enum"] == [r for r in reasons if r != "none"]
+    assert SCHEMA["$defs"]["risk"]["properties"]["level"]["enum"] == list(LEVELS[WATCH:])
     docs = (ROOT / "docs" / "diagnose.md").read_text()
     assert (ROOT / "docs" / "diagnose.schema.json").read_text().strip() in docs
 
@@ -187,8 +210,10 @@ def test_a_healthy_workload_exits_0_and_shows_every_check_passed(pictured: Serve
     assert "verdict: healthy" in out and "FAILED" not in out and "runbook" not in out
     assert "    passed   comm_wait                    comm_wait share 0.05 <= 0.4" in out
     assert "    passed   gpu_lost                     GPU up 1 != 0" in out
-    # the layers in the walk's order, each check under its layer
-    layers = [line.strip() for line in out.splitlines() if line.startswith("  ") and not line.startswith("    ")]
+    assert "\n  GPU risk: no GPU of this workload at risk (of 1 GPU)\n" in out
+    # the layers in the walk's order, each check under its layer (after the lines that say something: GPU risk)
+    layers = [line.strip() for line in out.splitlines()
+              if line.startswith("  ") and not line.startswith("    ") and ":" not in line]
     assert layers[:5] == ["cluster", "network", "host", "memory", "kernel"]
 
 
@@ -219,6 +244,21 @@ def test_the_walk_stops_at_the_first_layer_and_lists_what_fails_below(pictured: 
     assert "gpu-xid-critical.md" in out
 
 
+def test_a_gpu_at_risk_is_named_with_its_level_reasons_node_and_runbook(pictured: Server,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """chatty's GPU waits for a reset: drain, which no check of the walk judges (its verdict stays comm_wait); broken's
+    GPU is lost: drain too, beside its gpu_lost verdict."""
+    code, out, _ = ask(pictured, capsys, "--workload", "chatty", "broken")
+    assert code == 1
+    drain = f"{SETTINGS.runbook_base_url}/gpu-risk-drain.md"
+    chatty, broken = out.split("\n\n")[1], out.split("\n\n")[0]
+    assert f"\n  GPU risk: GPU b (GPU-b) on node node-1:9445: drain (row_remap_pending); runbook: {drain}\n" in chatty
+    assert "  verdict: network (comm_wait)" in chatty
+    assert f"\n  GPU risk: GPU c (GPU-c) on node node-1:9445: drain (gpu_lost); runbook: {drain}\n" in broken
+    # the line comes before the walk's levels
+    assert chatty.index("GPU risk:") < chatty.index("\n  cluster\n")
+
+
 def test_json_follows_the_schema_and_says_what_the_text_says(pictured: Server,
                                                              capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = ask(pictured, capsys, "--json")
@@ -246,6 +286,17 @@ def test_json_follows_the_schema_and_says_what_the_text_says(pictured: Server,
     # a source the picture has no series of: its checks could not be judged, and say so
     fabric = next(c for c in starved["checks"] if c["reason"] == "fabric_errors")
     assert fabric["status"] == "no_data" and fabric["terms"][0]["value"] is None
+    # the GPUs at risk: chatty's waits for a reset; fed's and starved's are fine
+    risk = {w["workload"]: w["gpu_risk"] for w in document["workloads"]}
+    assert risk["chatty"]["gpus"] == 1 and risk["chatty"]["at_risk"] == [{
+        "node": "node-1:9445", "gpu": "b", "uuid": "GPU-b", "level": "drain", "value": 2,
+        "reasons": ["row_remap_pending"],
+        "runbook": {"file": "gpu-risk-drain.md", "url": f"{SETTINGS.runbook_base_url}/gpu-risk-drain.md"}}]
+    assert [(r["uuid"], r["reasons"]) for r in risk["broken"]["at_risk"]] == [("GPU-c", ["gpu_lost"])]
+    assert risk["fed"]["at_risk"] == risk["starved"]["at_risk"] == [] and risk["fed"]["gpus"] == 1
+    # its query is PromQL that Prometheus runs: the level of each of the workload's GPUs
+    levels = _query(pictured.url, risk["chatty"]["query"])
+    assert [(s["metric"]["uuid"], s["metric"]["workload"], s["value"][1]) for s in levels] == [("GPU-b", "chatty", "2")]
 
 
 def test_worst_picks_the_lowest_goodput(pictured: Server, capsys: pytest.CaptureFixture[str]) -> None:
@@ -391,3 +442,22 @@ def test_the_forecast_line_says_when_the_workload_finishes_and_nothing_without_a
     assert line == ("  forecast: step 900 of 3600 (25%); finishes in 1h 30m (P50), 1h 45m (P90), 3 GPU-hours to go "
                     "(P90 3.5), 0.4 interruptions expected; badput costs 1 GPU-hours more than its best goodput would; "
                     "late by 1h 0m (P50)")
+
+
+def test_the_risk_lines_say_when_no_gpu_is_known_and_when_a_level_outlived_its_reason() -> None:
+    from goodput_mixin.diagnose.report import risk_lines
+    from goodput_mixin.diagnose.walk import Diagnosis, GpuRisk, Runbook, Target
+
+    diagnosis = Diagnosis(Target(None, "w", "healthy", "none", 1.0), "q", "cluster")
+    assert risk_lines(diagnosis) == [
+        "  GPU risk: no GPU of this workload known (no goodput_gpu_workload_info series of it)"]
+    diagnosis.gpus = 8
+    assert risk_lines(diagnosis) == ["  GPU risk: no GPU of this workload at risk (of 8 GPUs)"]
+    runbook = Runbook("gpu-risk-replace.md", "https://runbooks/gpu-risk-replace.md")
+    diagnosis.risks = [GpuRisk("n1", "3", "GPU-x", 3, ("row_remap_failure", "xid_replace"), runbook),
+                       GpuRisk("n2", "0", "GPU-y", 1, (), runbook)]
+    assert risk_lines(diagnosis) == [
+        "  GPU risk: GPU 3 (GPU-x) on node n1: replace (row_remap_failure, xid_replace); runbook: "
+        "https://runbooks/gpu-risk-replace.md",
+        "  GPU risk: GPU 0 (GPU-y) on node n2: watch (no reason holds now: the rules recorded it an evaluation ago); "
+        "runbook: https://runbooks/gpu-risk-replace.md"]

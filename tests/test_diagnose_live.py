@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import yaml
 from conftest import ROOT
-from goodput_mixin.demo.console import _clear, _inject
+from goodput_mixin.demo.console import FAULT_GPU, _clear, _inject
 from goodput_mixin.demo.stack import DEMO_SETTINGS, WORKLOAD, Ports, Stack
 from goodput_mixin.rules.settings import RulesSettings
 
@@ -97,8 +97,10 @@ def test_the_healthy_job_reads_healthy(live: tuple[Stack, Path], capsys: pytest.
     code, workload, _ = wait_for(live, capsys, "healthy", 60.0)
     assert code == 0 and workload["reason"] == "none" and workload["runbook"] is None
     assert not [check["reason"] for check in workload["checks"] if check["status"] == "failed"]
+    assert workload["gpu_risk"]["gpus"] == 4 and workload["gpu_risk"]["at_risk"] == []
     code, out = diagnose(live, capsys)
     assert code == 0 and "  verdict: healthy\n" in out
+    assert "\n  GPU risk: no GPU of this workload at risk (of 4 GPUs)\n" in out
 
 
 @pytest.mark.parametrize(("fault", "layer", "reason"), FAULTS, ids=[fault for fault, _, _ in FAULTS])
@@ -127,3 +129,31 @@ def test_a_fault_names_its_layer_while_active_and_healthy_after_it_clears(
     code, _, cleared = wait_for(live, capsys, "healthy", CLEARS)
     assert code == 0
     print(f"{fault}: {layer}/{reason} after {shown:.1f}s, healthy {cleared:.1f}s after it cleared")
+
+
+def test_a_gpu_whose_row_remap_waits_for_a_reset_is_at_risk_while_the_verdict_stays_healthy(
+        live: tuple[Stack, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    """No check of the walk judges a pending row remap; the GPU's risk level does: drain, with its runbook. (GPU 1:
+    the xid fault above holds GPU 0 at drain for the risk rules' hour.)"""
+    stack, _ = live
+    wait_for(live, capsys, "healthy", CLEARS)
+    gpu = str(FAULT_GPU["row_remap_pending"])
+    said = _inject(stack, "row_remap_pending")
+    try:
+        started, seen = time.monotonic(), None
+        while True:
+            _, workload = verdict(live, capsys)
+            if workload is not None:
+                seen = next((r for r in workload["gpu_risk"]["at_risk"] if r["gpu"] == gpu), None)
+                if seen is not None and "row_remap_pending" in seen["reasons"]:
+                    break
+            assert time.monotonic() - started < SHOWS, f"GPU {gpu} not at drain (row_remap_pending): {seen}; {said}"
+            time.sleep(1.0)
+        assert seen["level"] == "drain" and seen["value"] == 2
+        assert seen["runbook"]["file"] == "gpu-risk-drain.md"
+        code, out = diagnose(live, capsys)
+        assert code == 0 and "  verdict: healthy\n" in out, out
+        line = next(line for line in out.splitlines() if line.startswith(f"  GPU risk: GPU {gpu} ("))
+        assert ": drain (" in line and "row_remap_pending" in line and line.endswith("/gpu-risk-drain.md"), line
+    finally:
+        _clear(stack, "row_remap_pending")

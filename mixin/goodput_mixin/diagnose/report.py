@@ -1,5 +1,5 @@
-"""The walk as a person reads it (level by level, each check with its figure, then the verdict, the queries to paste
-and the runbook), or as JSON for tools (docs/diagnose.schema.json)."""
+"""The walk as a person reads it (its GPUs at risk, then level by level, each check with its figure, then the
+verdict, the queries to paste and the runbook), or as JSON for tools (docs/diagnose.schema.json)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections import Counter
 from typing import Any
 
 from ..rules.verdict import LAYERS
-from .walk import CheckReading, Diagnosis, Runbook, TermReading
+from .walk import CheckReading, Diagnosis, GpuRisk, Runbook, TermReading
 
 NOT = {">": "<=", ">=": "<", "<": ">=", "==": "!="}
 STATUS = {"failed": "FAILED", "passed": "passed", "no_data": "no data"}
@@ -59,6 +59,18 @@ def forecast_line(figures: dict[str, float]) -> str | None:
     return line
 
 
+def risk_lines(diagnosis: Diagnosis) -> list[str]:
+    """Its GPUs at risk level watch or worse, one line each, worst first; one line saying none otherwise."""
+    if not diagnosis.gpus:
+        return ["  GPU risk: no GPU of this workload known (no goodput_gpu_workload_info series of it)"]
+    if not diagnosis.risks:
+        return [f"  GPU risk: no GPU of this workload at risk (of {diagnosis.gpus} GPU"
+                f"{'s' if diagnosis.gpus > 1 else ''})"]
+    return [f"  GPU risk: GPU {risk.gpu or '?'} ({risk.uuid}) on node {risk.node}: {risk.level_name} "
+            f"({', '.join(risk.reasons) or 'no reason holds now: the rules recorded it an evaluation ago'}); "
+            f"runbook: {risk.runbook.url}" for risk in diagnosis.risks]
+
+
 def _check_line(reading: CheckReading, deciding: bool) -> str:
     line = f"    {STATUS[reading.status]:<8} {reading.check.reason:<28} {'; '.join(map(term_text, reading.terms))}"
     if deciding:
@@ -87,6 +99,7 @@ def text(diagnoses: list[Diagnosis]) -> str:
         forecast = forecast_line(diagnosis.forecast)
         if forecast is not None:
             lines.append(forecast)
+        lines += risk_lines(diagnosis)
         deciding = diagnosis.deciding
         for layer in LAYERS[:-1]:
             lines.append(f"  {layer}")
@@ -108,6 +121,11 @@ def text(diagnoses: list[Diagnosis]) -> str:
 
 def _runbook(runbook: Runbook) -> dict[str, str]:
     return {"file": runbook.file, "url": runbook.url}
+
+
+def _risk(risk: GpuRisk) -> dict[str, Any]:
+    return {"node": risk.node, "gpu": risk.gpu, "uuid": risk.uuid, "level": risk.level_name, "value": risk.level,
+            "reasons": list(risk.reasons), "runbook": _runbook(risk.runbook)}
 
 
 def document(diagnoses: list[Diagnosis], *, prometheus: str, at: float, settings: str,
@@ -137,5 +155,7 @@ def document(diagnoses: list[Diagnosis], *, prometheus: str, at: float, settings
             "evidence": diagnosis.evidence,
             "runbook": None if deciding is None else _runbook(deciding.runbook),
             "forecast": diagnosis.forecast or None,
+            "gpu_risk": {"gpus": diagnosis.gpus, "query": diagnosis.risk_query,
+                         "at_risk": [_risk(risk) for risk in diagnosis.risks]},
         })
     return {"prometheus": prometheus, "time": at, "settings": settings, "warnings": warnings, "workloads": workloads}

@@ -5,6 +5,10 @@ they record, rules/verdict.py): diagnose says what the rules decided, it does no
 reads the figure the rule compared (verdict.checks declares it with its threshold), the worst of the workload's
 series: its GPUs held within bottleneck_gpu_recent_window, its nodes, or its own series. One query per figure serves
 every workload asked about, so the cost grows with the checks, not with the workloads.
+
+Beside the walk, the failure risk of those GPUs (`gpu:goodput_gpu_risk_level:max`, rules/risk.py): each at watch or
+worse, with the reasons that put it at its level and the runbook of the level's alert. The record keeps each GPU's
+worst level and drops the reason that set it, so the reasons are the rules' own terms, read by reason.
 """
 
 from __future__ import annotations
@@ -13,9 +17,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
+from exporter.health.risk import LEVELS, WATCH
+
 from ..rules import forecast as fc
 from ..rules.alerts import alerts
+from ..rules.alerts.gpu_risk import RISK
 from ..rules.recording import COLLECTIVE_MISSING, RANK_POD, STRAGGLER_COST, STRAGGLER_LOST
+from ..rules.risk import risk_rules
 from ..rules.settings import RulesSettings
 from ..rules.verdict import CANDIDATE, HEALTHY, VERDICT, Check, Term, checks, order
 from .prometheus import AskError, Prometheus, Sample
@@ -123,6 +131,31 @@ class Culprit:
     why: str
 
 
+@dataclass(frozen=True)
+class GpuRisk:
+    """A GPU of the workload at risk level watch or worse, as the rules record it (gpu:goodput_gpu_risk_level:max)."""
+
+    node: str  # the node label's value
+    gpu: str  # its index on the node
+    uuid: str
+    level: int  # 1 watch, 2 drain, 3 replace (exporter.health.risk)
+    reasons: tuple[str, ...]  # the rules' reasons at its level (row_remap_pending, ...); empty: none holds now
+    runbook: Runbook  # the runbook of the level's alert
+
+    @property
+    def level_name(self) -> str:
+        return LEVELS[self.level]
+
+
+def risk_reasons(settings: RulesSettings) -> str:
+    """The rules' risk terms of each GPU by reason, those above ok: the expression of gpu:goodput_gpu_risk_level:max,
+    which keeps the worst of them and drops the reason, aggregated with the reason kept."""
+    c, n = settings.cluster_label, settings.node_label
+    record = next(rule for rule in risk_rules(settings) if rule.get("record") == RISK)
+    by = f"max by ({c}, {n}, gpu, uuid"
+    return f"{str(record['expr']).replace(f'{by}) (', f'{by}, reason) (', 1)} > 0"
+
+
 # the forecast's figures diagnose shows, by name in its JSON: the records the rules keep (rules/forecast.py)
 FORECAST = {"step": fc.STEP, "target_step": fc.TARGET, "progress_ratio": fc.PROGRESS,
             "seconds_p50": fc.P50, "seconds_p90": fc.P90, "finish_p50": fc.FINISH_P50, "finish_p90": fc.FINISH_P90,
@@ -141,6 +174,10 @@ class Diagnosis:
     # the ranks the others wait for (missing from a collective, or straggling), with their nodes; where there are
     # any, the GPU and node figures of the walk are read on the culprits' nodes only, not on the nodes that wait
     culprits: list[Culprit] = field(default_factory=list)
+    # its GPUs (held within bottleneck_gpu_recent_window) at risk level watch or worse, worst first; how many it holds
+    risks: list[GpuRisk] = field(default_factory=list)
+    gpus: int = 0
+    risk_query: str = ""  # the risk level of each of its GPUs, to paste into Prometheus
 
     @property
     def culprit_nodes(self) -> list[str]:
@@ -190,6 +227,9 @@ class Walk:
         base = settings.runbook_base_url.rstrip("/")
         self.runbooks = {check.reason: Runbook(runbooks[check.alert], f"{base}/{runbooks[check.alert]}")
                          for check in self.checks}
+        # the runbook of each risk level's alert (GoodputGPURiskWatch, ...: `RISK == level`)
+        self.risk_runbooks = {int(alert.expr.rsplit("==", 1)[1]): Runbook(alert.runbook, f"{base}/{alert.runbook}")
+                              for alert in alerts(settings) if alert.expr.startswith(f"{RISK} == ")}
 
     def ask(self, expr: str) -> list[Sample]:
         if expr not in self._answers:
@@ -269,9 +309,10 @@ class Walk:
         regex = string("|".join(re.escape(name) for name in names))
         failed = {(self._key(s.labels), s.labels.get("reason")) for s in self.ask(f"{CANDIDATE}{{workload=~{regex}}}")}
         held = self._held(f"workload=~{regex}")
-        with_gpus = {self._key(s.labels) for s in self.ask(f"count by ({c}, workload) ({held})")}
+        with_gpus = {self._key(s.labels): int(s.value) for s in self.ask(f"count by ({c}, workload) ({held})")}
         values = {term: self._worst(term, regex) for check in self.checks for term in check.terms}
         culprits = self._culprits(regex)
+        risks = self._risks(held)
         forecasts: dict[tuple[str | None, str], dict[str, float]] = {}
         for name, record in FORECAST.items():
             for sample in self.ask(f"{record}{{workload=~{regex}}}"):
@@ -281,7 +322,9 @@ class Walk:
             here = matchers(target, c)
             ratio = f"workload:goodput_ratio:rate{self.s.windows[0]}"
             diagnosis = Diagnosis(target, with_matchers(ratio, here) or ratio, c,
-                                  culprits=culprits.get(target.key, []), forecast=forecasts.get(target.key, {}))
+                                  culprits=culprits.get(target.key, []), forecast=forecasts.get(target.key, {}),
+                                  risks=risks.get(target.key, []), gpus=with_gpus.get(target.key, 0),
+                                  risk_query=self._risk_query(here))
             nodes = diagnosis.culprit_nodes
             own = string("^(?:" + re.escape(target.workload) + ")$")
             on_culprits = {term: self._worst(term, own, nodes) for check in self.checks for term in check.terms
@@ -338,6 +381,36 @@ class Walk:
                     why += f": {24 * costs['lost'][at]:.1f} GPU-hours a day"
             add(sample.labels, why)
         return found
+
+    def _risks(self, held: str) -> dict[tuple[str | None, str], list[GpuRisk]]:
+        """The GPUs of each workload at risk level watch or worse, worst first, with the reasons at their level."""
+        c, n = self.s.cluster_label, self.s.node_label
+
+        def gpu(labels: dict[str, str]) -> tuple[str, str, str]:
+            return labels.get(c, ""), labels.get(n, ""), labels.get("uuid", "")
+
+        at_risk = f"{RISK} >= {WATCH}"
+        levels = {gpu(s.labels): (s.labels.get("gpu", ""), int(s.value))
+                  for s in self.ask(f"{at_risk} and on ({c}, {n}, uuid) ({held})")}
+        reasons: dict[tuple[str, str, str], list[tuple[int, str]]] = {}
+        for sample in self.ask(f"({risk_reasons(self.s)})\nand on ({c}, {n}, uuid) ({held})"):
+            reasons.setdefault(gpu(sample.labels), []).append((int(sample.value), sample.labels.get("reason", "")))
+        found: dict[tuple[str | None, str], list[GpuRisk]] = {}
+        for sample in self.ask(held):
+            key = gpu(sample.labels)
+            if key not in levels:
+                continue
+            index, level = levels[key]
+            why = tuple(sorted(reason for at, reason in reasons.get(key, []) if at == level))
+            found.setdefault(self._key(sample.labels), []).append(
+                GpuRisk(key[1], index, key[2], level, why, self.risk_runbooks[level]))
+        for risks in found.values():
+            risks.sort(key=lambda r: (-r.level, r.node, _rank_order(r.gpu), r.uuid))
+        return found
+
+    def _risk_query(self, here: str) -> str:
+        c, n = self.s.cluster_label, self.s.node_label
+        return f"{RISK} * on ({c}, {n}, uuid) group_left (workload) {self._held(here)}"
 
     @staticmethod
     def _per_node(term: Term) -> bool:
