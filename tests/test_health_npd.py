@@ -6,10 +6,12 @@ in its repository: plugin "custom", pluginConfig, source, conditions, rules of t
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import pytest
@@ -46,16 +48,34 @@ NPD_CUSTOM_PLUGIN = {
                            "args": {"type": "array", "items": {"type": "string"}}, "timeout": DURATION}}}},
 }
 CONFIG = ROOT / "deploy" / "node-problem-detector" / "goodput-health-monitor.json"
+_GO_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def test_the_plugin_config_follows_node_problem_detectors_format() -> None:
-    config = json.loads(CONFIG.read_text())
+def _go_seconds(text: str) -> float:
+    return sum(float(number) * _GO_UNITS[unit] for number, unit in re.findall(r"([0-9.]+)(ns|us|ms|s|m|h)", text))
+
+
+def check_plugin_monitor(config: dict[str, Any]) -> None:
+    """What node-problem-detector requires of a custom plugin monitor (its format, and its Validate(): a permanent
+    rule's condition is declared, no rule's timeout exceeds the global one), and what ours must say: the rules run
+    `health --mode npd` and the output fits the 80 characters the command writes at most. Shared with the chart's
+    test, which checks the ConfigMap's copy."""
     jsonschema.validate(config, NPD_CUSTOM_PLUGIN)
     conditions = {c["type"] for c in config["conditions"]}
     for rule in config["rules"]:  # a permanent rule sets a condition the monitor declares
         assert rule["type"] != "permanent" or rule.get("condition") in conditions
         assert rule["args"][:3] == ["health", "--mode", "npd"]
+        assert rule["path"].startswith("/"), "NPD stats the path before it starts the monitor"
+        assert _go_seconds(rule.get("timeout", "0s")) <= _go_seconds(config["pluginConfig"]["timeout"])
     assert config["pluginConfig"]["max_output_length"] == 80
+
+
+def test_the_plugin_config_follows_node_problem_detectors_format() -> None:
+    check_plugin_monitor(json.loads(CONFIG.read_text()))
+    with pytest.raises(AssertionError):  # the check can fail: a rule for a condition nobody declared
+        bad = json.loads(CONFIG.read_text())
+        bad["rules"][0]["condition"] = "Undeclared"
+        check_plugin_monitor(bad)
 
 
 @pytest.fixture(scope="module")

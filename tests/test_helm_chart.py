@@ -20,8 +20,11 @@ import yaml
 from conftest import ROOT
 from goodput_mixin.chart import CHART, chart_files, manifests
 from k8s_checks import KUBE_VERSIONS, OPERATOR_KINDS, operator_problems, validate_core
+from test_health_npd import CONFIG as NPD_MONITOR
+from test_health_npd import check_plugin_monitor
 
 from exporter.config import ConfigError, env_name, load, read_file, settable_keys
+from exporter.health.command import HealthConfig, load_config
 from exporter.sources import CATALOG
 
 RELEASE, NAMESPACE = "gpx", "monitoring"
@@ -43,6 +46,8 @@ COMBINATIONS: dict[str, dict[str, Any]] = {
     "non-root": {"kubelet": {"enabled": False}, "ingest": {"enabled": False}, "hostProc": {"enabled": False}},
     "config": {"config": {"log": {"format": "json"}, "nvml": {"interval": "2s"}, "simulate": 2},
                "extraArgs": ["--log.level", "debug"], "podAnnotations": {"a": "b"}},
+    "node-problem-detector": {"nodeProblemDetector": {"enabled": True, "namespace": "kube-system"},
+                              "serviceMonitor": {"enabled": True}},
     "everything": {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True},
                    "prometheusRule": {"enabled": True}, "hostPID": True, "sysPtrace": True,
                    "kubelet": {"podLabels": ["team"]}, "dcgm": {"enabled": True}, "hostNetwork": True,
@@ -94,8 +99,9 @@ def test_app_version_is_the_package_version(chart: helm.Chart) -> None:
     assert container(render(chart, {}))["image"] == f"ghcr.io/goodput-exporter/goodput-exporter:{package}"
 
 
-def test_lint_finds_nothing() -> None:
-    report = helm.lint(str(CHART), strict=True)
+@pytest.mark.parametrize("combination", ["defaults", "node-problem-detector"])
+def test_lint_finds_nothing(combination: str) -> None:
+    report = helm.lint(str(CHART), COMBINATIONS[combination] or None, strict=True)
     assert report["errors"] == []
     # "icon is recommended" (info) is all Helm may say: the project has no icon
     assert [m for m in report["messages"] if m["severity"] >= 2] == []
@@ -446,6 +452,11 @@ def test_notes_say_how_to_check(chart: helm.Chart) -> None:
     ("config:\n  kubelet:\n    enabled: true\n",
      "at '/config/kubelet': additional properties 'enabled' not allowed"),
     ("config:\n  log:\n    level: verbose\n", "at '/config/log/level'"),
+    ("nodeProblemDetector:\n  config:\n    dryrun: true\n",
+     "at '/nodeProblemDetector/config': additional properties 'dryrun' not allowed"),
+    ("nodeProblemDetector:\n  config:\n    mode: slurm\n",  # the monitor's args set it
+     "at '/nodeProblemDetector/config': additional properties 'mode' not allowed"),
+    ("nodeProblemDetector:\n  exporterPath: goodput-exporter\n", "at '/nodeProblemDetector/exporterPath'"),
 ])
 def test_bad_values_files_are_refused_naming_the_key(chart: helm.Chart, tmp_path: Path, values_yaml: str,
                                                      expected: str) -> None:
@@ -462,3 +473,104 @@ def test_the_shipped_values_file_passes_its_schema(chart: helm.Chart) -> None:
     assert render(chart, values) == render(chart, {})
     schema = json.loads((CHART / "values.schema.json").read_text())
     assert set(schema["properties"]) == set(values), "values.yaml and values.schema.json name other keys"
+
+
+# ---- node-problem-detector (nodeProblemDetector.enabled) ----
+
+NPD_MAP = f"{RELEASE}-goodput-exporter-node-problem-detector"
+NODE_LOCAL = f"{RELEASE}-goodput-exporter-node-local"
+MONITOR_KEY = "goodput-health-monitor.json"
+
+
+def npd_objects(objects: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The node-problem-detector ConfigMap and the node-local Service of a render (None where absent)."""
+    maps = [o for o in objects if o["kind"] == "ConfigMap" and MONITOR_KEY in o.get("data", {})]
+    services = [o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] == NODE_LOCAL]
+    assert len(maps) <= 1 and len(services) <= 1
+    return (maps[0] if maps else None), (services[0] if services else None)
+
+
+def test_no_node_problem_detector_objects_by_default(chart: helm.Chart) -> None:
+    assert npd_objects(render(chart, {})) == (None, None)
+    assert npd_objects(render(chart, COMBINATIONS["everything"])) == (None, None)
+    notes = chart.render({}, name=RELEASE, namespace=NAMESPACE)["goodput-exporter/templates/NOTES.txt"]
+    assert "node-problem-detector" not in notes
+
+
+def test_the_node_problem_detector_config_map(chart: helm.Chart, tmp_path: Path) -> None:
+    """The ConfigMap holds deploy/'s monitor as shipped (it passes the checks test_health_npd makes of NPD's format)
+    and the health.yaml its rule names, which the health command loads: mounted at the directory of the rule's
+    --config, NPD runs `health --mode npd` reading the exporter of its own node through the node-local Service."""
+    objects = render(chart, COMBINATIONS["node-problem-detector"])
+    config_map, service = npd_objects(objects)
+    assert config_map is not None and service is not None
+    assert config_map["metadata"]["name"] == NPD_MAP and config_map["metadata"]["namespace"] == "kube-system"
+    assert config_map["data"][MONITOR_KEY] == NPD_MONITOR.read_text(), "the chart's monitor is deploy/'s"
+    monitor = json.loads(config_map["data"][MONITOR_KEY])
+    check_plugin_monitor(monitor)
+    (rule,) = monitor["rules"]
+    assert rule["path"] == "/usr/local/bin/goodput-exporter"
+    args = rule["args"]
+    assert args[:3] == ["health", "--mode", "npd"]
+    config_path = Path(args[args.index("--config") + 1])
+    assert config_path == Path("/etc/goodput-exporter/health.yaml")
+    assert set(config_map["data"]) == {MONITOR_KEY, config_path.name}, "one mount: both files in one directory"
+    # the health command reads that file as NPD runs it (its own loader refuses an unknown key)
+    local = tmp_path / config_path.name
+    local.write_text(config_map["data"][config_path.name])
+    settings = load_config([*args[1:args.index("--config")], "--config", str(local)], environ={})
+    assert settings.mode == "npd"
+    assert settings.daemon_url == f"http://{NODE_LOCAL}.{NAMESPACE}.svc:9445"
+    assert settings.state_file == HealthConfig.state_file == "/var/lib/goodput-exporter/health-state.json"
+    # ... which the daemon reads through its ingest state mount, at the same path
+    assert Path(settings.state_file).parent == Path(env_of(objects)["GOODPUT_INGEST_STATE_DIR"])
+    # the Service reaches the exporter pod of the caller's node, on the metrics port
+    assert service["spec"]["internalTrafficPolicy"] == "Local" and service["spec"]["type"] == "ClusterIP"
+    pod_labels = only(objects, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9445, "targetPort": "metrics", "protocol": "TCP"}]
+    assert service["metadata"]["namespace"] == NAMESPACE
+    # ... and the ServiceMonitor does not scrape the pods a second time through it
+    selector = only(objects, "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert not selector.items() <= service["metadata"]["labels"].items()
+    metrics = next(o for o in objects if o["kind"] == "Service" and o["metadata"]["name"] != NODE_LOCAL)
+    assert selector.items() <= metrics["metadata"]["labels"].items()
+    notes = chart.render(COMBINATIONS["node-problem-detector"], name=RELEASE,
+                         namespace=NAMESPACE)["goodput-exporter/templates/NOTES.txt"]
+    assert f"--config.custom-plugin-monitor={config_path.parent}/{MONITOR_KEY}" in notes
+    assert f"kube-system/{NPD_MAP}" in notes and f"mount it at {config_path.parent}," in notes
+    assert "Warning" not in notes
+
+
+def test_node_problem_detector_values(chart: helm.Chart, tmp_path: Path) -> None:
+    """exporterPath changes the rule's path and nothing else; a daemon_url of one's own replaces the Service;
+    health settings pass through to the command; a state file the daemon cannot see is warned about."""
+    values = {"nodeProblemDetector": {"enabled": True, "exporterPath": "/opt/venv/bin/goodput-exporter",
+                                      "config": {"daemon_url": "http://127.0.0.1:9445", "dry_run": True,
+                                                 "xid_hold": "30m"}}}
+    objects = render(chart, values)
+    config_map, service = npd_objects(objects)
+    assert config_map is not None and service is None
+    assert config_map["metadata"]["namespace"] == NAMESPACE
+    monitor = json.loads(config_map["data"][MONITOR_KEY])
+    check_plugin_monitor(monitor)
+    shipped = json.loads(NPD_MONITOR.read_text())
+    assert monitor["rules"][0].pop("path") == "/opt/venv/bin/goodput-exporter"
+    shipped["rules"][0].pop("path")
+    assert monitor == shipped
+    local = tmp_path / "health.yaml"
+    local.write_text(config_map["data"]["health.yaml"])
+    settings = load_config(["--mode", "npd", "--config", str(local)], environ={})
+    assert (settings.daemon_url, settings.dry_run, settings.xid_hold) == ("http://127.0.0.1:9445", True, 1800.0)
+    assert settings.state_file == "/var/lib/goodput-exporter/health-state.json"  # values.yaml's, kept by the merge
+    notes = chart.render({**values, "ingest": {"enabled": False}}, name=RELEASE,
+                         namespace=NAMESPACE)["goodput-exporter/templates/NOTES.txt"]
+    assert "Warning: the daemon does not see /var/lib/goodput-exporter/health-state.json" in notes
+
+
+def test_the_health_settings_schema_is_the_commands() -> None:
+    """values.schema.json's nodeProblemDetector.config names every setting of the health command but the mode."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config = schema["properties"]["nodeProblemDetector"]["properties"]["config"]
+    assert set(config["properties"]) == {f for f in HealthConfig.__dataclass_fields__} - {"mode"}
+    assert config["additionalProperties"] is False

@@ -5,7 +5,10 @@
   rules/ and dashboards/ (a chart cannot read files outside its folder); the PrometheusRule and the dashboard
   ConfigMaps are built from them;
 - values.schema.json, whose `config` part is derived from the daemon's settings model, so that a key the daemon
-  does not know, or one the chart sets itself, fails `helm install` instead of the pod;
+  does not know, or one the chart sets itself, fails `helm install` instead of the pod (and its
+  `nodeProblemDetector.config` part from the health check's settings, HealthConfig);
+- files/node-problem-detector/goodput-health-monitor.json, a copy of deploy/node-problem-detector/'s custom plugin
+  monitor (the one source, written by hand), for the ConfigMap of `nodeProblemDetector.enabled`;
 - with --deploy, deploy/base/ and deploy/prometheus-operator/: the chart rendered with its default values (and
   with the Prometheus Operator objects on), for kustomize users. That step needs helm-python-sdk (test extra).
 
@@ -15,16 +18,19 @@ Tests fail when any of these files differs from what this module writes.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin, get_type_hints
 
 import yaml
 from pydantic import BaseModel, BeforeValidator
 
 from exporter.config import Config
 from exporter.core.settings import parse_duration
+from exporter.health.command import DURATIONS as HEALTH_DURATIONS
+from exporter.health.command import HealthConfig
 from exporter.sources import SOURCES
 
 from .dashboards import render as render_dashboards
@@ -34,6 +40,8 @@ from .rules.settings import RulesSettings
 ROOT = Path(__file__).resolve().parents[2]  # the source tree: helm/ and deploy/ live there
 CHART = ROOT / "helm" / "goodput-exporter"
 DEPLOY = ROOT / "deploy"
+# node-problem-detector's custom plugin monitor: written by hand in deploy/, copied into the chart.
+NPD_MONITOR = "node-problem-detector/goodput-health-monitor.json"
 RELEASE = "goodput-exporter"
 NAMESPACE = "goodput-exporter"
 
@@ -102,6 +110,30 @@ def config_schema() -> dict[str, Any]:
         sections[name] = section
     return {"type": "object", "additionalProperties": False, "properties": sections,
             "description": "Daemon settings (docs/configuration.md) less the keys the chart manages."}
+
+
+# Health check settings the chart's node-problem-detector ConfigMap does not take: the monitor's args set the mode.
+HEALTH_CHART_MANAGED = {"mode"}
+_HEALTH_TYPES: dict[Any, dict[str, Any]] = {bool: {"type": "boolean"}, int: {"type": "integer"},
+                                            float: {"type": "number"}, str: {"type": "string"}}
+
+
+def health_config_schema() -> dict[str, Any]:
+    """JSON schema of `nodeProblemDetector.config`: the settings `goodput-exporter health --config` reads (its flags'
+    names with underscores), less the mode."""
+    hints = get_type_hints(HealthConfig)
+    properties: dict[str, Any] = {}
+    for field in dataclasses.fields(HealthConfig):
+        if field.name in HEALTH_CHART_MANAGED:
+            continue
+        if field.name in HEALTH_DURATIONS:
+            properties[field.name] = {"type": ["string", "number"],
+                                      "description": "duration: 500ms, 1s, 2m, 1h, or seconds"}
+        else:
+            properties[field.name] = dict(_HEALTH_TYPES[hints[field.name]])
+    return {"type": "object", "additionalProperties": False, "properties": properties,
+            "description": "Health check settings (goodput-exporter health --help) written as health.yaml, less "
+                           "the mode."}
 
 
 def _object(properties: dict[str, Any], description: str = "") -> dict[str, Any]:
@@ -183,6 +215,9 @@ def values_schema() -> dict[str, Any]:
         "prometheusRule": _object({"enabled": _BOOL, "labels": _STRMAP}),
         "dashboards": _object({"enabled": _BOOL, "label": {"type": "string", "minLength": 1}, "labelValue": _STR,
                                "namespace": _STR, "annotations": _STRMAP}),
+        "nodeProblemDetector": _object({"enabled": _BOOL, "namespace": _STR, "exporterPath": _ABS_PATH,
+                                        "config": health_config_schema()},
+                                       "a ConfigMap of node-problem-detector's custom plugin monitor"),
     }
     return {"$schema": "http://json-schema.org/draft-07/schema#", "title": "goodput-exporter chart values",
             **_object(properties)}
@@ -192,6 +227,7 @@ def chart_files() -> dict[str, str]:
     """Path inside the chart -> content, for every file this module writes there."""
     files = {f"files/rules/{name}": text for name, text in rule_files(RulesSettings()).items()}
     files.update({f"files/dashboards/{name}": text for name, text in render_dashboards().items()})
+    files[f"files/{NPD_MONITOR}"] = (DEPLOY / NPD_MONITOR).read_text()
     files["values.schema.json"] = json.dumps(values_schema(), indent=2) + "\n"
     return files
 

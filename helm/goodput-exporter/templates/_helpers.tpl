@@ -117,3 +117,18 @@ name is `instance` (one exporter per node; the rules name a node by instance) an
 {{ toYaml . }}
 {{- end }}
 {{- end -}}
+
+{{/* node-problem-detector: the Service that reaches the exporter pod of the caller's own node (internalTrafficPolicy
+Local), and the daemon URL the health check reads: nodeProblemDetector.config.daemon_url, else that Service's. */}}
+{{- define "goodput-exporter.nodeLocalService" -}}
+{{- printf "%s-node-local" (include "goodput-exporter.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- define "goodput-exporter.healthDaemonUrl" -}}
+{{- $config := .Values.nodeProblemDetector.config | default dict -}}
+{{- if $config.daemon_url -}}
+{{- $config.daemon_url -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%d" (include "goodput-exporter.nodeLocalService" .) .Release.Namespace (int .Values.port) -}}
+{{- end -}}
+{{- end -}}
