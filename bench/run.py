@@ -35,6 +35,7 @@ import daemon_cost
 import dcgm_parse
 import fabric_collect
 import flight_parse
+import forecast_replay
 import idle_accuracy
 import idle_cpu
 import instrument_overhead
@@ -67,6 +68,7 @@ SECTIONS: list[tuple[str, Callable[[], str]]] = [
     ("Server limits", server_limits.section),
     ("Ingest state file: cost per save at 512 ranks", state_file.state_file_section),
     ("Soak: RSS under an hour of workload churn", soak.section),
+    ("Finish forecast against replayed jobs", forecast_replay.section),
 ]
 
 _MARK = re.compile(r"^<!-- section: (?P<name>[\w.-]+) \| commit (?P<commit>\S+) \| (?P<date>\S+) \| "

@@ -1,11 +1,13 @@
 """When each training workload will finish: its progress towards its target, the time and GPU-hours left at P50 and
 P90 with its risk of interruptions, and what its badput costs ahead. docs/forecast.md explains the model.
 
-    uninterrupted  remaining steps x the workload's robust step time / (1 - its step overhead), counted from when
+    uninterrupted  remaining steps x the workload's step time ahead / (1 - its step overhead), counted from when
                    its step number was scraped: a finish date, so that the groups that read it later (and the scrape
                    before them) do not add their delay to the time left
-                   robust step time: the median over its ranks of each rank's change-detector baseline (the level it
-                   holds through checkpoint and evaluation spikes; else its 1h median of per-minute medians)
+                   step time ahead: the greater of its level (the median over its ranks of each rank's change-
+                   detector baseline, the level it holds through checkpoint and evaluation spikes; else its 1h
+                   median of per-minute medians) and its lifetime mean (recurring episodes between the level's
+                   readings); how far the two part is its uncertainty (at least MIN_UNCERTAINTY)
                    step overhead: the share of its ranks' run time outside steps (evaluation, checkpoint saves,
                    untracked), from the daemon's lifetime counters; start-up, checkpoint restores and compilation
                    are left out (a restart pays them again: they are in the interruption cost)
@@ -13,12 +15,14 @@ P90 with its risk of interruptions, and what its badput costs ahead. docs/foreca
                    the cluster's rate as a prior worth one interruption, (restarts + 1) / (rank-hours + 1 / prior);
                    the cluster's the same over every workload it sees, with forecast_interruptions_per_gpu_hour as
                    its prior. A young workload gets the cluster's rate; one with a history, its own.
-    cost           the workload's mean downtime, redone steps, start-up and checkpoint restore per interruption, with
-                   forecast_interruption_cost as a prior worth one: (their seconds + prior) / (restarts + 1)
+    cost           the workload's mean downtime, redone steps, and later launches' start-up and checkpoint restore
+                   per interruption, with the cluster's mean as a prior worth one; the cluster's the same over every
+                   workload, with forecast_interruption_cost as its prior
     interruptions  expected over the time left: lambda x T50, lambda = rate x ranks (per second), T50 the P50 below
     P50            uninterrupted / (1 - lambda x cost): the time left, its expected interruptions' cost included
                    (absent where lambda x cost >= 0.9: at that rate the job barely finishes)
-    P90            P50 + 1.2816 x sqrt(interruptions) x cost: the Poisson count's 90th percentile, to first order
+    P90            P50 + the interruptions' spread (the Poisson count's 90th percentile less its mean, to second
+                   order, x cost) and the uninterrupted time's (1.2816 x uncertainty x uninterrupted), in quadrature
 
 Every figure is the daemon's lifetime counters' last value or a gauge (no range but the stale window's and the best
 goodput's memory), so a Prometheus restart loses nothing but the evaluations it missed. A workload with no target
@@ -38,6 +42,11 @@ from .recording import Group, Rule
 from .settings import RulesSettings, seconds
 
 Z90 = 1.2816  # the standard normal's 90th percentile
+# the Poisson count's 90th percentile, to second order (Cornish-Fisher): mean + Z90 sqrt(mean) + (Z90^2 - 1) / 6; the
+# constant makes one interruption the P90 of a job expecting a third of one (a normal approximation's 0.74 did not)
+POISSON_SKEW = (Z90**2 - 1) / 6
+MIN_UNCERTAINTY = 0.08  # the least relative uncertainty of the uninterrupted time (bench/forecast_replay.py)
+ONE_LIKELY = 0.105  # expected interruptions at which one becomes the P90 count (1 - e^-0.105 = 0.1)
 MAX_LOAD = 0.9  # lambda x cost at or above it: no forecast
 
 STEP = "workload:goodput_step_number:max"
@@ -47,6 +56,9 @@ TARGET = "workload:goodput_target_step_number:max"
 DEADLINE = "workload:goodput_deadline_timestamp_seconds:min"
 RANKS = "workload:goodput_ranks:count"
 STEP_TIME = "workload:goodput_step_time_seconds:median"
+MEAN_STEP = "workload:goodput_step_time_seconds:lifetime_mean"
+FORECAST_STEP = "workload:goodput_step_time_seconds:forecast"
+UNCERTAINTY = "workload:goodput_step_time_uncertainty_ratio"
 OVERHEAD = "workload:goodput_step_overhead_ratio:lifetime"
 RESTARTS = "workload:goodput_restarts:max"
 WALL = "workload:goodput_wall_seconds:lifetime"
@@ -54,6 +66,7 @@ LOST = "workload:goodput_interruption_seconds:lifetime"
 CLUSTER_RATE = "cluster:goodput_interruptions_per_gpu_hour:estimate"
 RATE = "workload:goodput_interruptions_per_gpu_hour:estimate"
 COST = "workload:goodput_interruption_cost_seconds:estimate"
+CLUSTER_COST = "cluster:goodput_interruption_cost_seconds:estimate"
 PROGRESS = "workload:goodput_progress_ratio"
 REMAINING = "workload:goodput_remaining_steps"
 FINISH_UNINTERRUPTED = "workload:goodput_finish_timestamp_seconds:uninterrupted"
@@ -95,6 +108,11 @@ def _progress(s: RulesSettings) -> list[Rule]:
                  f'  or ignoring (window)\n  goodput_step_time_seconds{{window="1h"}}\n)\n'
                  f"and on ({by})\n"
                  f"  max by ({by}) (changes(goodput_step_number[{s.forecast_stale_window}])) > 0"},
+        # the mean step time over its ranks' lifetime (restarts and runs included): what recurring episodes (data
+        # stalls, a straggler) cost its steps on average, which the level above leaves out between them
+        {"record": MEAN_STEP,
+         "expr": f"sum by ({by}) (goodput_step_duration_seconds_sum)\n"
+                 f"/ (sum by ({by}) (goodput_step_duration_seconds_count) > 0)"},
     ]
 
 
@@ -116,10 +134,13 @@ def _history(s: RulesSettings) -> list[Rule]:
         # rank-seconds of wall time since each rank first reported (GPU-seconds, one GPU per rank)
         {"record": WALL,
          "expr": f"sum by ({by}) (\n  goodput_elapsed_seconds_total\n  + goodput_downtime_seconds_total\n)"},
-        # what the interruptions cost it: the rank's downtime, its redone steps, and what each launch paid
+        # what the interruptions cost it: the rank's downtime, its redone steps, and what each launch after the
+        # first paid (its share r / (r + 1) of every launch's, r its restarts; all of it for a rank whose account is
+        # dormant, which shows no restart count)
         {"record": LOST,
          "expr": f"max by ({by}) (\n  goodput_downtime_seconds_total\n  + goodput_wasted_seconds_total\n"
-                 f"  + {per_launch}\n)"},
+                 f"  + (\n    {per_launch}\n    * goodput_workload_restarts_total\n"
+                 f"    / (goodput_workload_restarts_total + 1)\n    or\n    {per_launch}\n  )\n)"},
     ]
 
 
@@ -130,6 +151,12 @@ def _cluster_rate(s: RulesSettings) -> str:
     return f"(sum by ({c}) ({RESTARTS}) + 1)\n/ (sum by ({c}) ({WALL}) / 3600 + {prior:g})"
 
 
+def _cluster_cost(s: RulesSettings) -> str:
+    """The cluster's mean cost of an interruption, from the history group's records, with the prior worth one."""
+    c = s.cluster_label
+    return f"(sum by ({c}) ({LOST}) + {seconds(s.forecast_interruption_cost)})\n/ (sum by ({c}) ({RESTARTS}) + 1)"
+
+
 def _estimates(s: RulesSettings) -> list[Rule]:
     """Level 2: each read only the raw groups' records (progress, history), never a record of its own group, so that
     a ruler that reads recorded series back from its store (vmalert) sees them as soon as Prometheus does."""
@@ -137,6 +164,13 @@ def _estimates(s: RulesSettings) -> list[Rule]:
     prior_rate = 1 / s.forecast_interruptions_per_gpu_hour
     remaining = f"clamp_min({TARGET} - {STEP}, 0)"
     cluster_rate = _cluster_rate(s).replace("\n", "\n      ")
+    cluster_cost = _cluster_cost(s).replace("\n", "\n    ")
+    # the step time ahead: the greater of its level now and its lifetime mean (a level above the mean is a shift
+    # that lasts, a mean above the level the episodes that come back); only while it steps, as the level
+    # (each tagged, so that `or` keeps both: a comparison keeps its left side's name, and the engines differ on it)
+    step_time = (f"(\n  max by ({c}, workload) (\n    label_replace({STEP_TIME}, \"of\", \"level\", \"\", \"\")\n"
+                 f"    or\n    label_replace({MEAN_STEP}, \"of\", \"mean\", \"\", \"\")\n  )\n"
+                 f"  and\n  {STEP_TIME}\n)")
     return [
         {"record": CLUSTER_RATE, "expr": _cluster_rate(s)},
         {"record": PROGRESS, "expr": f"clamp_max({STEP} / ({TARGET} > 0), 1)"},
@@ -146,12 +180,21 @@ def _estimates(s: RulesSettings) -> list[Rule]:
          "expr": f"({RESTARTS} + 1)\n/ (\n    {WALL} / 3600\n    + on ({c}) group_left ()\n"
                  f"      (1 / (\n      {cluster_rate}\n      ))\n"
                  f"  or\n    {WALL} / 3600 + {prior_rate:g}\n)"},
+        {"record": CLUSTER_COST, "expr": _cluster_cost(s)},
+        # its own interruptions' mean cost, with the cluster's mean as the prior worth one (inline, as the rate)
         {"record": COST,
-         "expr": f"({LOST} + {seconds(s.forecast_interruption_cost)})\n/ ({RESTARTS} + 1)"},
+         "expr": f"(\n    {LOST}\n    + on ({c}) group_left ()\n    {cluster_cost}\n  or\n"
+                 f"    {LOST} + {seconds(s.forecast_interruption_cost)}\n)\n/ ({RESTARTS} + 1)"},
+        {"record": FORECAST_STEP, "expr": step_time},
+        # how far the two figures of its step time part, relative to the one taken: its uninterrupted time's
+        # uncertainty, at least MIN_UNCERTAINTY
+        {"record": UNCERTAINTY,
+         "expr": f"clamp_min(\n  abs({STEP_TIME} - {MEAN_STEP})\n  / {step_time.replace(chr(10), chr(10) + '  ')},\n"
+                 f"  {MIN_UNCERTAINTY:g}\n)\nor\n{STEP_TIME} * 0 + {MIN_UNCERTAINTY:g}"},
         # the date it would finish uninterrupted, from when its step number was read (a date does not age as the
         # groups after this one read it); no overhead figure (no step histogram yet): none
         {"record": FINISH_UNINTERRUPTED,
-         "expr": f"{STEP_AT}\n+ {remaining} * {STEP_TIME}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
+         "expr": f"{STEP_AT}\n+ {remaining} * {step_time}\n/ (\n  (1 - {OVERHEAD})\n  or\n  {STEP_TIME} * 0 + 1\n)"},
         # the best goodput it sustained over the long window within the memory: kept through a gap shorter than it
         # (a max_over_time of another record, not a running maximum reading its own: that would be a cycle)
         {"record": best(s), "expr": _best_expr(s)},
@@ -172,7 +215,14 @@ def _finish(s: RulesSettings) -> list[Rule]:
     left = f"clamp_min({FINISH_UNINTERRUPTED} - time(), 0)"  # its uninterrupted time left, from now
     p50 = f"{left}\n/ {load}"
     interruptions = f"{left} * {lam}\n/ {load}"
-    p90 = f"{p50}\n+ {Z90:g} * sqrt(\n  {interruptions.replace(chr(10), chr(10) + '  ')}\n) * {COST}"
+    # P90: P50 plus, in quadrature, the interruptions' spread (the Poisson count's 90th percentile less its mean, to
+    # second order, the skew's constant phased in up to ONE_LIKELY) and the uninterrupted time's (its uncertainty)
+    count = interruptions.replace(chr(10), chr(10) + "      ")
+    spread = (f"(\n    {Z90:g} * sqrt(\n      {count}\n    )\n"
+              f"    + {POISSON_SKEW:.4f} * clamp_max(\n      {count}\n      / {ONE_LIKELY:g},\n      1\n    )\n"
+              f"  ) * {COST}")
+    p90 = (f"{p50}\n+ sqrt(\n  (\n  {spread}\n  ) ^ 2\n  + (\n    {Z90:g} * {UNCERTAINTY}\n"
+           f"    * {left}\n  ) ^ 2\n)")
     goodput = f"workload:goodput_ratio:rate{s.windows[-1]}"
 
     def times(expr: str, factor: str) -> str:

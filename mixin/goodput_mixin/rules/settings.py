@@ -139,9 +139,10 @@ class RulesSettings(BaseModel):
         "interruptions in 54 days on 16,384 H100 GPUs: 419 / (54 x 24 x 16,384) = 2.0e-5 (Dubey et al., The Llama 3 "
         "Herd of Models, 2024, section 3.3.4).")
     forecast_interruption_cost: str = Field(
-        "15m", description="Forecast: the downtime and lost progress assumed for one interruption before a workload "
-        "has restarted (the prior of its own mean, worth one interruption): detecting the failure, rescheduling, "
-        "and redoing the steps since the last checkpoint. Its measured start-up and checkpoint restore are added.")
+        "15m", description="Forecast: the downtime and lost progress assumed for one interruption before the cluster "
+        "has seen any (the prior of the cluster's mean cost, worth one interruption, which is in turn the prior of "
+        "each workload's own mean): detecting the failure, rescheduling, and redoing the steps since the last "
+        "checkpoint.")
     forecast_best_memory: str = Field(
         "6h", description="Forecast: the window of a workload's best sustained goodput (workload:goodput_ratio:best1h, "
         "the maximum of its 1h goodput over this window), which keeps it through a gap shorter than the window, e.g. "
