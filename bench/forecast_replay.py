@@ -285,7 +285,7 @@ def replay(count: int, batch: int, seed: int) -> tuple[list[Sample], list[Job]]:
     return samples, jobs
 
 
-def section(count: int = 200, batch: int = 20, seed: int = 41) -> str:
+def section(count: int = 200, batch: int = 25, seed: int = 41) -> str:
     samples, jobs = replay(count, batch, seed)
     rows = summary(samples, jobs)
     everything = rows["all jobs"]
@@ -320,7 +320,7 @@ def section(count: int = 200, batch: int = 20, seed: int = 41) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--batch", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=25)
     parser.add_argument("--seed", type=int, default=41)
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args()
