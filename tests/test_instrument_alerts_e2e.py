@@ -41,8 +41,9 @@ from typing import TYPE_CHECKING
 import fabric_cut
 import pytest
 from conftest import free_port
-from goodput_mixin.demo.stack import Node, Ports, Stack
+from goodput_mixin.demo.stack import Node, Stack
 from test_multinode_e2e import Job, _descendants, alerts, firing_description, named_ranks, query, until
+from two_nodes import two_nodes
 
 if TYPE_CHECKING:
     from job_env import Venv
@@ -171,12 +172,8 @@ class UnmodifiedJob(Job):
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    live = Stack(tmp_path_factory.mktemp("unmodified"), Ports.free(), gpus=2, ranks=0, nodes=2, job=False,
-                 serving=False).start()
-    try:
+    with two_nodes(tmp_path_factory.mktemp("unmodified"), gpus=2) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def test_an_unmodified_job_on_two_nodes_fires_every_job_alert(job_env: Venv, stack: Stack,

@@ -35,9 +35,10 @@ import httpx
 import pytest
 from conftest import ROOT
 from goodput_mixin.dashboards.lint import panels, query_values, substitute
-from goodput_mixin.demo.stack import Ports, Stack
+from goodput_mixin.demo.stack import Stack
 from test_instrument_waits_alerts import STAGGER, TwoNodeJob
 from test_multinode_e2e import query
+from two_nodes import two_nodes
 
 STEPS = 160  # about 70 s of steps at 0.43 s
 FORECAST_JOBS = ("hf", "lightning")
@@ -92,12 +93,8 @@ def watch(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Watch], deadlin
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    live = Stack(tmp_path_factory.mktemp("forecast"), Ports.free(), gpus=1, ranks=0, nodes=2, job=False,
-                 serving=False).start()
-    try:
+    with two_nodes(tmp_path_factory.mktemp("forecast")) as live:
         yield live
-    finally:
-        live.stop()
 
 
 @pytest.fixture(scope="module")

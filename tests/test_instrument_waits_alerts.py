@@ -35,8 +35,9 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, free_port
-from goodput_mixin.demo.stack import DEMO_SETTINGS, Node, Ports, Stack
+from goodput_mixin.demo.stack import DEMO_SETTINGS, Node, Stack
 from test_multinode_e2e import _descendants, query
+from two_nodes import two_nodes
 
 JOB = ROOT / "tests" / "instrument_jobs" / "straggler_jobs.py"
 DEV_BIN = Path(sys.executable).parent  # torch, transformers, accelerate, lightning and the editable client
@@ -132,12 +133,8 @@ def running(stack: Stack, jobs: list[TwoNodeJob]) -> dict[str, float]:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    live = Stack(tmp_path_factory.mktemp("waits-alerts"), Ports.free(), gpus=1, ranks=0, nodes=2, job=False,
-                 serving=False).start()
-    try:
+    with two_nodes(tmp_path_factory.mktemp("waits-alerts")) as live:
         yield live
-    finally:
-        live.stop()
 
 
 def node_b(stack: Stack) -> Node:

@@ -32,8 +32,9 @@ import httpx
 import pytest
 import yaml
 from conftest import ROOT, free_port
-from goodput_mixin.demo.stack import Node, Ports, Stack
+from goodput_mixin.demo.stack import Node, Stack
 from goodput_mixin.diagnose.cli import main as diagnose
+from two_nodes import two_nodes
 
 if TYPE_CHECKING:
     from job_env import Venv
@@ -46,12 +47,8 @@ COLLECTIVE = ("GoodputCollectiveRankMissing", "GoodputCollectiveHang")
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # flight.stale_after at its default: a killed job's dumps end with its processes, not by their age
-    live = Stack(tmp_path_factory.mktemp("nodes"), Ports.free(), gpus=2, ranks=0, nodes=2, job=False,
-                 serving=False, flight_stale_after=None).start()
-    try:
+    with two_nodes(tmp_path_factory.mktemp("nodes"), gpus=2, flight_stale_after=None) as live:
         yield live
-    finally:
-        live.stop()
 
 
 class Job:
