@@ -504,6 +504,11 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                          ("goodput_gpu_remapped_rows", "counter"), ("goodput_gpu_nvlink_errors", "counter"),
                          ("goodput_gpu_numa_mismatch", "gauge"), ("goodput_gpu_last_xid_timestamp_seconds", "gauge"),
                          ("goodput_host_pressure_stalled_seconds", "counter"),
+                         # the forecast's inputs: every workload declared its target and steps, one run of it
+                         ("goodput_step_number", "gauge"), ("goodput_target_step_number", "gauge"),
+                         ("goodput_step_time_baseline_seconds", "gauge"), ("goodput_workload_restarts", "counter"),
+                         ("goodput_workload_last_event_timestamp_seconds", "gauge"),
+                         ("goodput_workload_run_start_timestamp_seconds", "gauge"),
                          *((name, "counter") for name in ACCOUNTING), ("goodput_model_flops", "counter")):
         declare(family, kind)
         for node in range(NODES):
@@ -616,6 +621,19 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                                   f'data_parallel_rank="{rank % (RANKS // 4)}"', 1)
                 elif family == "goodput_step_own_variation_ratio":
                     gauge(family, labels, 0.01)
+                elif family == "goodput_step_number":
+                    counter(family, labels, 2, base=50_000, integer=True)
+                elif family == "goodput_target_step_number":
+                    gauge(family, labels, 1_000_000)
+                elif family == "goodput_step_time_baseline_seconds":
+                    gauge(family, labels, 0.5)
+                elif family == "goodput_workload_restarts":
+                    counter(f"{family}_total", labels, 0.0005, integer=True)
+                elif family == "goodput_workload_last_event_timestamp_seconds":
+                    varying(family, labels, lambda t: t - 1)
+                elif family == "goodput_workload_run_start_timestamp_seconds":
+                    if rank % GPUS_PER_NODE == 0:  # one series per workload and node
+                        gauge(family, f'{labels.rsplit(",rank=", 1)[0]},run="job{workload}-1"', now - HISTORY)
                 elif family == "goodput_collective_oldest_inflight_seconds":
                     gauge(family, f'{labels},pg="0"', 45 if workload < HUNG and rank > 0 else 0.01)
                 elif family == "goodput_flight_recorder_dump_timestamp_seconds":
@@ -1052,7 +1070,8 @@ def markdown(result: Result) -> list[str]:
         "health series on every GPU: up, PCIe link, row remapping, NVLink error totals, one GPU in 997 degraded; "
         "no RDMA NICs), "
         f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series, their roles in four pipeline "
-        "stages, NCCL's collective durations and their own time's step-to-step variation; "
+        "stages, NCCL's collective durations, their own time's step-to-step variation, and the forecast's inputs: "
+        "step numbers, a target, a step-time baseline, restarts and one run each; "
         f"{WASTEFUL} of them redoing enough steps after restarts that GoodputWastedProgress pages) and "
         f"{sum(SERVING.values()):,} serving pods ("
         + ", ".join(f"{count:,} {TITLES[name]}" for name, count in SERVING.items())
