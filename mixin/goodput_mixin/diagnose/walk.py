@@ -23,7 +23,7 @@ from ..rules import forecast as fc
 from ..rules.alerts import alerts
 from ..rules.alerts.gpu_risk import RISK
 from ..rules.recording import COLLECTIVE_MISSING, RANK_POD, STRAGGLER_COST, STRAGGLER_LOST
-from ..rules.risk import risk_rules
+from ..rules.risk import gpu_labels, risk_terms
 from ..rules.settings import RulesSettings
 from ..rules.verdict import CANDIDATE, HEALTHY, VERDICT, Check, Term, checks, order
 from .prometheus import AskError, Prometheus, Sample
@@ -148,12 +148,9 @@ class GpuRisk:
 
 
 def risk_reasons(settings: RulesSettings) -> str:
-    """The rules' risk terms of each GPU by reason, those above ok: the expression of gpu:goodput_gpu_risk_level:max,
-    which keeps the worst of them and drops the reason, aggregated with the reason kept."""
-    c, n = settings.cluster_label, settings.node_label
-    record = next(rule for rule in risk_rules(settings) if rule.get("record") == RISK)
-    by = f"max by ({c}, {n}, gpu, uuid"
-    return f"{str(record['expr']).replace(f'{by}) (', f'{by}, reason) (', 1)} > 0"
+    """The rules' risk terms of each GPU by reason, those above ok: the terms gpu:goodput_gpu_risk_level:max keeps
+    the worst of, aggregated with the reason kept."""
+    return f"max by ({gpu_labels(settings)}, reason) (\n  {risk_terms(settings)}\n) > 0"
 
 
 # the forecast's figures diagnose shows, by name in its JSON: the records the rules keep (rules/forecast.py)

@@ -21,8 +21,10 @@ def _new(series: str, window: str) -> str:
     return f"(increase({series}[{window}]) > 0 or (max_over_time({series}[{window}]) unless {series} offset {window}))"
 
 
-def risk_rules(s: RulesSettings) -> list[dict[str, object]]:
-    c, n, w = s.cluster_label, s.node_label, s.windows[0]
+def risk_terms(s: RulesSettings) -> str:
+    """Each GPU's risk terms, every one valued at its level or 0 and tagged with its reason, joined with `or`: the
+    record keeps each GPU's worst (by its labels), `goodput-exporter diagnose` each reason's too."""
+    w = s.windows[0]
     xid = "goodput_gpu_xid_errors_total"
     drain_xids, replace_xids = "|".join(map(str, xids_at(DRAIN))), "|".join(map(str, xids_at(REPLACE)))
     serious = "|".join(map(str, xids_at(DRAIN) + xids_at(REPLACE)))
@@ -56,12 +58,21 @@ def risk_rules(s: RulesSettings) -> list[dict[str, object]]:
         ("ecc_corrected_rising", WATCH,
          f'increase(goodput_gpu_ecc_errors_total{{error_type="corrected"}}[{HOLD}]) > bool 100'),
     ]
-    gpu = f"{c}, {n}, gpu, uuid"
     parts = ['label_replace(goodput_gpu_up * 0, "reason", "none", "", "")'] + [
         f'label_replace({level} * ({expr}), "reason", "{reason}", "", "")' for reason, level, expr in terms]
+    return "\nor\n  ".join(parts)
+
+
+def gpu_labels(s: RulesSettings) -> str:
+    """The labels a GPU's risk level is kept by."""
+    return f"{s.cluster_label}, {s.node_label}, gpu, uuid"
+
+
+def risk_rules(s: RulesSettings) -> list[dict[str, object]]:
+    c, n = s.cluster_label, s.node_label
     rules: list[dict[str, object]] = [
         {"record": "gpu:goodput_gpu_risk_level:max",
-         "expr": f"max by ({gpu}) (\n  " + "\nor\n  ".join(parts) + "\n)"},
+         "expr": f"max by ({gpu_labels(s)}) (\n  {risk_terms(s)}\n)"},
         {"record": "node:goodput_gpu_risk_level:max",
          "expr": f"max by ({c}, {n}) (gpu:goodput_gpu_risk_level:max)"},
     ]
