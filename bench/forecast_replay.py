@@ -45,6 +45,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "mixin"))
 
+from daemon_cost import percentile  # noqa: E402
 from goodput_client import Telemetry  # noqa: E402
 from goodput_mixin.demo.stack import DEMO_SETTINGS, Ports, Stack  # noqa: E402
 
@@ -230,11 +231,6 @@ def run_batch(stack: Stack, jobs: list[Job]) -> None:
     time.sleep(SETTLE)
 
 
-def _quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summary(samples: list[Sample], jobs: list[Job]) -> dict[str, dict[str, float]]:
     """Per group (all, with interruptions, without): median and P90 of |error| of each forecast, the share of
     samples whose actual finish was at or before the P90 date, and the mean signed error (bias)."""
@@ -250,7 +246,7 @@ def summary(samples: list[Sample], jobs: list[Job]) -> dict[str, dict[str, float
         for kind in ("p50", "naive", "tqdm"):
             errors = [getattr(s, kind) for s in group if getattr(s, kind) is not None]
             row[f"{kind} median"] = statistics.median(abs(e) for e in errors)
-            row[f"{kind} p90"] = _quantile([abs(e) for e in errors], 0.9)
+            row[f"{kind} p90"] = percentile([abs(e) for e in errors], 0.9)
             row[f"{kind} bias"] = statistics.fmean(errors)
         row["covered"] = sum(s.p90 >= 0 for s in group) / len(group)
         out[name] = row
