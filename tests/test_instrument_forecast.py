@@ -35,7 +35,8 @@ import httpx
 import pytest
 from conftest import ROOT
 from goodput_mixin.dashboards.lint import panels, query_values, substitute
-from goodput_mixin.demo.stack import Stack
+from goodput_mixin.demo.stack import DEMO_SETTINGS, Stack
+from goodput_mixin.rules.settings import seconds
 from test_instrument_waits_alerts import STAGGER, TwoNodeJob
 from test_multinode_e2e import query
 from two_nodes import two_nodes
@@ -72,7 +73,7 @@ def watch(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Watch], deadlin
             w, sel = found[job.name], f'{{workload="{job.name}"}}'
             if w.finished is not None:
                 continue
-            job.alive()
+            job.alive(finished_ok=True)  # its end may come before the scrape that sees its last step
             try:
                 if w.target is None and (t := _one(stack, f"workload:goodput_target_step_number:max{sel}")):
                     w.target = t[1]
@@ -132,8 +133,12 @@ def test_the_forecast_at_half_way_is_within_15_percent_of_the_finish(finishes: d
 
 
 JOB = "resub"
-RESUB_STEPS, SAVE = 70, 20
+RESUB_STEPS, SAVE = 100, 20
+CHAIN = seconds(DEMO_SETTINGS.slow_groups_interval)  # the forecast groups' interval
 GAP = 5.0  # seconds between the first run's kill and the second's submission
+INPUTS = ("workload:goodput_step_number:max", "workload:goodput_step_number_timestamp_seconds:max",
+          "workload:goodput_step_time_seconds:median", "workload:goodput_step_time_seconds:lifetime_mean",
+          "workload:goodput_step_overhead_ratio:lifetime", "workload:goodput_time_to_finish_seconds:p50")
 
 
 @dataclass
@@ -180,14 +185,22 @@ def resubmitted(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         submitted = time.time()
         second.start(stack, top)
         forecast: list[tuple[float, float]] = []
+        inputs: dict[str, float | None] = {}
         ahead = max(last.values()) + 5  # past what the first run had made: the second run's own progress
+        seen: list[float] = []  # when the step record first read `ahead`
 
         def done() -> bool:
-            second.alive()
-            if not forecast and min(_values(stack, f"workload:goodput_step_number:max{sel}", "workload").values(),
-                                    default=0) >= ahead:
-                forecast.extend((time.time(), v) for v in _values(
-                    stack, f"workload:goodput_finish_timestamp_seconds:p50{sel}", "workload").values())
+            second.alive(finished_ok=True)  # its end may come before the scrape that sees its last step
+            if not seen and min(_values(stack, f"workload:goodput_step_number:max{sel}", "workload").values(),
+                                default=0) >= ahead:
+                seen.append(time.time())
+            # the first P50 the finish group evaluated from it: the estimates' group and then the finish group each
+            # read the other's records as of their last evaluation, two slow-group intervals at most (before them,
+            # the P50 reads the gap's stale step number: the first run's last, as if stepping on from it)
+            if seen and not forecast and (p50 := _one(stack, f"workload:goodput_finish_timestamp_seconds:p50{sel}")) \
+                    and p50[0] >= seen[0] + 2 * CHAIN:
+                forecast.append((time.time(), p50[1]))
+                inputs.update({r: _values(stack, f"{r}{sel}", "workload").get(JOB) for r in INPUTS})
             steps = _values(stack, f"goodput_step_number{sel}")
             return len(steps) == 2 and min(steps.values()) >= RESUB_STEPS
 
@@ -197,7 +210,7 @@ def resubmitted(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         progress = _values(stack, f"workload:goodput_progress_ratio{sel}", "workload").get(JOB)
         found = Resubmitted(last, killed, submitted, forecast[0] if forecast else None,
                             float(finished[0]["value"][1]) if finished else None, progress)  # type: ignore[index]
-        print(f"resubmission: {found}; wasted steps, downtime: "
+        print(f"resubmission: {found}; the forecast's inputs then: {inputs}; wasted steps, downtime: "
               f"{_values(stack, f'goodput_wasted_steps_total{sel}')}, "
               f"{_values(stack, f'goodput_downtime_seconds_total{sel}')}")
         yield found
