@@ -136,6 +136,15 @@ def test_gpu_lost_mid_run_reports_down_and_others_continue() -> None:
     assert batch.errors == ["nvml_gpu_is_lost"]
     clock.advance(1)
     assert source.collect().errors == []  # counted once, not on every poll
+    assert value(text, "goodput_gpu_lost_total", gpu="1") == 1
+    assert value(text, "goodput_gpu_lost_total", gpu="0") == 0  # every GPU has the counter, from 0
+    sim._gpus[1].lost = False  # reset by an operator: it answers again, the count kept
+    clock.advance(1)
+    assert value(scrape(source), "goodput_gpu_lost_total", gpu="1") == 1
+    sim.lose(1)  # and lost again: the second loss (goodput_gpu_up went 1, 0, 1, 0)
+    for _ in range(2):
+        clock.advance(1)
+        assert value(scrape(source), "goodput_gpu_lost_total", gpu="1") == 2
 
 
 def test_xid_events_are_counted_never_sticky() -> None:
@@ -285,6 +294,7 @@ def test_gpu_lost_at_start_is_reported_down_then_identified() -> None:
     clock.advance(1)
     text = scrape(source)
     assert value(text, "goodput_gpu_up", gpu="1", uuid="unknown") == 0
+    assert value(text, "goodput_gpu_lost_total", gpu="1", uuid="unknown") == 1  # lost at start-up: once
     assert value(text, "goodput_gpu_info", gpu="1", uuid="unknown") == 1
     assert value(text, "goodput_gpu_up", gpu="0") == 1
     sampled_before = value(text, "goodput_gpu_sampled_seconds_total", gpu="0")

@@ -20,6 +20,12 @@ GPU_UP = _m(
     "1 while NVML answers for the GPU, 0 once it is lost (fallen off the bus, needs a reset) or answers "
     "no query at all.",
     GPU)
+GPU_LOST = _m(
+    "goodput_gpu_lost_total", Kind.COUNTER, "",
+    "Times the GPU stopped answering NVML (goodput_gpu_up went to 0) since the exporter started, a GPU lost at "
+    "start-up counted once. Its rise over the hour is the risk rules' gpu_flapping: two reads, not a scan of "
+    "goodput_gpu_up's hour.",
+    GPU)
 GPU_UTILIZATION = _m(
     "goodput_gpu_utilization_ratio", Kind.GAUGE, "ratio",
     "Share of NVML's last sample period in which any kernel ran (0-1). A snapshot: prefer "

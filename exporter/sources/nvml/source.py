@@ -131,6 +131,7 @@ class _GpuState:
     info: tuple[str, ...]
     cpus: frozenset[int] = frozenset()
     lost: bool = False
+    losses: int = 0  # times it went from answering to lost (goodput_gpu_lost_total)
     unsupported: set[str] = field(default_factory=set)
     links: list[int] = field(default_factory=list)
     fields: list[tuple[int, int]] = field(default_factory=list)  # asked for every collection
@@ -285,6 +286,7 @@ class NvmlSource(Source):
                 reason = "gpu_is_lost" if isinstance(exc, _Lost) else exc.reason
                 log.error("nvml: GPU %d cannot be read at start-up (%s); it is reported as down", index, reason)
                 state.lost = True
+                state.losses = 1
             state.fields = list(_FIELDS)
             for link in state.links:
                 state.fields += [(FI_NVLINK_DATA_TX_KIB, link), (FI_NVLINK_DATA_RX_KIB, link)]
@@ -380,10 +382,13 @@ class NvmlSource(Source):
                         log.error("nvml: GPU %d (%s) is lost: it fell off the bus or needs a reset",
                                   gpu.index, gpu.labels[1])
                         batch.errors.append("nvml_gpu_is_lost")
+                    if not gpu.lost:
+                        gpu.losses += 1
                     gpu.lost = True
                     batch.add(c.GPU_INFO, gpu.info, 1)
                     self._rows[c.PEAK_FLOPS] += gpu.peak_flops
                     batch.add(c.GPU_UP, gpu.labels, 0)
+                    batch.add(c.GPU_LOST, gpu.labels, gpu.losses)
                 self._add_xids(gpu, batch)
             if self._gpus and silent == len(self._gpus):
                 raise GpuError(UNKNOWN, f"no GPU answered any NVML query ({', '.join(sorted(set(batch.errors)))})")
@@ -413,6 +418,7 @@ class NvmlSource(Source):
         batch.add(c.GPU_INFO, gpu.info, 1)
         self._rows[c.PEAK_FLOPS] += gpu.peak_flops
         batch.add(c.GPU_UP, gpu.labels, 1)
+        batch.add(c.GPU_LOST, gpu.labels, gpu.losses)
 
     def _collect_gpu_rows(self, gpu: _GpuState, batch: Batch, holders: dict[int, dict[str, GpuHolder]]) -> None:
         read = self._optional
