@@ -503,7 +503,6 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                          *((f"goodput_gpu_{name}", "gauge") for name in HEALTH_GAUGES),
                          ("goodput_gpu_remapped_rows", "counter"), ("goodput_gpu_nvlink_errors", "counter"),
                          ("goodput_gpu_pcie_replays", "counter"), ("goodput_gpu_lost", "counter"),
-                         ("process_start_time_seconds", "gauge"),
                          ("goodput_gpu_numa_mismatch", "gauge"), ("goodput_gpu_last_xid_timestamp_seconds", "gauge"),
                          ("goodput_host_pressure_stalled_seconds", "counter"),
                          # the forecast's inputs: every workload declared its target and steps, one run of it
@@ -517,8 +516,6 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
             inst = f'{CLUSTER},instance="node{node}:9445",job="goodput-exporter"'
             if family == "up":
                 gauge("up", inst, 1)
-            elif family == "process_start_time_seconds":  # the daemon's process, started before the history
-                gauge(family, inst, now - HISTORY - 3600)
             elif family == "goodput_host_pressure_stalled_seconds":
                 for resource in ("cpu", "io", "memory"):
                     for kind in ("some", "full"):
@@ -1075,7 +1072,7 @@ def markdown(result: Result) -> list[str]:
         "",
         f"Synthetic history of {NODES * GPUS_PER_NODE:,} GPUs ({NODES:,} nodes, DCGM ratios and the nvml source's "
         "health series on every GPU: up, losses, PCIe link and replays, row remapping, NVLink error totals, one GPU "
-        "in 997 degraded; the daemon's process start time; no RDMA NICs), "
+        "in 997 degraded; no RDMA NICs), "
         f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series, their roles in four pipeline "
         "stages, NCCL's collective durations, their own time's step-to-step variation, and the forecast's inputs: "
         "step numbers, a target, a step-time baseline, restarts and one run each; "

@@ -318,10 +318,6 @@ def fleet(t0: int) -> list[Series]:
         return 0.3 + 0.15 * _wave(s, 700, gpu / 5)
 
     for node, target in enumerate(nodes):
-        # the daemon's own process (prometheus_client's ProcessCollector): node1's restarted within the hour
-        f.gauge(target, "process_start_time_seconds", {},
-                lambda s, node=node: float(t0 + NODE1_RESTART[1]) if node == 1 and s >= NODE1_RESTART[1]
-                else float(t0 + RAW_FROM - 3 * HOUR - 600 * node))
         for gpu in range(8):
             g = _gpu(node, gpu)
             lost = node == 1 and gpu == 6  # falls off the bus at XID; after the daemon's restart it is not seen

@@ -29,6 +29,7 @@ import pytest
 import yaml
 from conftest import ROOT, free_port
 from goodput_mixin.diagnose.walk import paren, risk_reasons, with_matchers
+from goodput_mixin.rules import risk
 from goodput_mixin.rules.alerts import alerts
 from goodput_mixin.rules.render import rule_files
 from goodput_mixin.rules.settings import RulesSettings
@@ -182,8 +183,11 @@ def test_the_schema_names_every_check_and_the_docs_carry_it() -> None:
     # every reason the risk rules record a level for, in their order (none: level ok)
     expr = risk_reasons(RulesSettings())
     assert expr.startswith("max by (cluster, instance, gpu, uuid, reason) (\n")  # the record's, the reason kept
-    reasons = re.findall(r'"reason", "(\w+)"', expr)
-    assert SCHEMA["$defs"]["risk_reason"]["enum"] == [r for r in reasons if r != "none"]
+    # the terms read now tagged in the query, the trends through their record (its reason label)
+    tagged = re.findall(r'"reason", "(\w+)"', expr)
+    assert "gpu:goodput_gpu_risk_trend_level:max" in expr
+    assert tagged == [*risk.reasons(RulesSettings())[:len(tagged) - 1], "none"]
+    assert SCHEMA["$defs"]["risk_reason"]["enum"] == risk.reasons(RulesSettings())
     assert SCHEMA["$defs"]["risk"]["properties"]["level"]["enum"] == list(LEVELS[WATCH:])
     docs = (ROOT / "docs" / "diagnose.md").read_text()
     assert (ROOT / "docs" / "diagnose.schema.json").read_text().strip() in docs

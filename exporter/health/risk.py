@@ -82,6 +82,7 @@ REASONS: dict[str, tuple[int, str]] = {
     "nvlink_errors_rising": (WATCH, "NVLink CRC errors, replays or recoveries keep counting"),
     "thermal_throttling": (WATCH, "the clocks were held down by temperature (thermal margin gone)"),
     "xids_repeated": (WATCH, "non-fatal XIDs (application faults, 92) repeat"),
-    "gpu_flapping": (WATCH, "the GPU stopped answering within the hour (goodput_gpu_lost_total rose)"),
-    "exporter_restarted": (WATCH, "the exporter restarted within the hour (process_start_time_seconds)"),
+    "gpu_flapping": (WATCH, "the GPU was lost within the hour (goodput_gpu_lost_total rose, or goodput_gpu_up "
+                            "changed)"),
+    "exporter_restarted": (WATCH, "the exporter went dark and came back (its counters reset)"),
 }

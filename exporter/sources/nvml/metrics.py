@@ -23,8 +23,8 @@ GPU_UP = _m(
 GPU_LOST = _m(
     "goodput_gpu_lost_total", Kind.COUNTER, "",
     "Times the GPU stopped answering NVML (goodput_gpu_up went to 0) since the exporter started, a GPU lost at "
-    "start-up counted once. Its rise over the hour is the risk rules' gpu_flapping: two reads, not a scan of "
-    "goodput_gpu_up's hour.",
+    "start-up counted once. The risk rules' gpu_flapping reads its rise over the hour: it counts a loss between two "
+    "scrapes, which goodput_gpu_up does not show.",
     GPU)
 GPU_UTILIZATION = _m(
     "goodput_gpu_utilization_ratio", Kind.GAUGE, "ratio",

@@ -24,10 +24,9 @@ P90 with its risk of interruptions, and what its badput costs ahead. docs/foreca
     P90            P50 + the interruptions' spread (the Poisson count's 90th percentile less its mean, to second
                    order, x cost) and the uninterrupted time's (1.2816 x uncertainty x uninterrupted), in quadrature
 
-Every figure is the daemon's lifetime counters' last value or a gauge (no range but the best goodput's memory; the
-stale window is two reads of the step counter), so a Prometheus restart loses nothing but the evaluations it missed.
-A workload with no target (goodput_target_step_number) or no step within forecast_stale_window (its
-goodput_steps_total did not rise) has no forecast: absent, never 0 or a huge one.
+Every figure is the daemon's lifetime counters' last value or a gauge (no range but the stale window's and the best
+goodput's memory), so a Prometheus restart loses nothing but the evaluations it missed. A workload with no target
+(goodput_target_step_number) or no step within forecast_stale_window has no forecast: absent, never 0 or a huge one.
 
 Groups, each evaluated every slow_groups_interval, three levels deep: the raw series read once (progress, then the
 lifetime history), the estimates from those (a few hundred series, whatever the GPU count), the finish figures from the
@@ -86,15 +85,6 @@ def best(s: RulesSettings) -> str:
     return f"workload:goodput_ratio:best{s.windows[-1]}"
 
 
-def _stepping(s: RulesSettings) -> str:
-    """The workloads that made a step within the stale window: a rank's step count rose since the window's start, or
-    it has steps and no count then (a rank new within the window). Two reads of the counter, not a scan of every
-    sample of the window (changes() over every rank's step number was the group's slowest rule at 10,000 GPUs)."""
-    c, win, steps = s.cluster_label, s.forecast_stale_window, "goodput_steps_total"
-    return (f"  max by ({c}, workload) (\n    {steps} - {steps} offset {win} > 0\n    or\n"
-            f"    ({steps} > 0 unless {steps} offset {win})\n  )")
-
-
 def _progress(s: RulesSettings) -> list[Rule]:
     c = s.cluster_label
     by = f"{c}, workload"
@@ -116,7 +106,8 @@ def _progress(s: RulesSettings) -> list[Rule]:
         {"record": STEP_TIME,
          "expr": f"quantile by ({by}) (\n  0.5,\n  goodput_step_time_baseline_seconds\n"
                  f'  or ignoring (window)\n  goodput_step_time_seconds{{window="1h"}}\n)\n'
-                 f"and on ({by})\n{_stepping(s)}"},
+                 f"and on ({by})\n"
+                 f"  max by ({by}) (changes(goodput_step_number[{s.forecast_stale_window}])) > 0"},
         # the mean step time over its ranks' lifetime (restarts and runs included): what recurring episodes (data
         # stalls, a straggler) cost its steps on average, which the level above leaves out between them
         {"record": MEAN_STEP,

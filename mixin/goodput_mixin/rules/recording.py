@@ -24,7 +24,7 @@ from typing import Any
 
 from goodput_client.contract import FLOPS_DTYPES, PHASES, UNTRACKED_PHASE
 
-from .risk import risk_rules
+from .risk import risk_groups
 from .settings import RulesSettings, seconds
 
 Rule = dict[str, Any]
@@ -874,7 +874,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         *_groups(("goodput.gpu_pcie_width", "goodput.gpu_pcie_generation"), _pcie(s)),
         *_groups(tuple(f"goodput.node_health{part}" for part in ("", "_memory", "_throttled", "_pcie", "_nvlink")),
                  _node_health(s)),
-        {"name": "goodput.gpu_risk", "rules": risk_rules(s)},
+        *risk_groups(s),
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.collective_wait", "rules": _collective_wait(s)},

@@ -131,9 +131,8 @@ class RulesSettings(BaseModel):
         0.05, gt=0, lt=1, description="GoodputWastedProgress: share of the window spent redoing steps lost to "
         "restarts (the progress since the last checkpoint, each time).")
     forecast_stale_window: str = Field(
-        "10m", description="Forecast: a workload that made no step within this window (no rank's "
-        "goodput_steps_total rose) has no forecast of its finish (a job that stopped stepping, hung or done, "
-        "is not forecast to finish in years).")
+        "10m", description="Forecast: a workload whose step number did not change within this window has no "
+        "forecast of its finish (a job that stopped stepping, hung or done, is not forecast to finish in years).")
     forecast_interruptions_per_gpu_hour: float = Field(
         2e-5, gt=0, description="Forecast: the interruptions per GPU-hour assumed before the cluster has observed "
         "any (the prior of every estimate, worth one interruption). Llama 3's pre-training saw 419 unexpected "
