@@ -2,8 +2,8 @@
 
 The demo's GPUs as the demo builds them (SimulatedGpus(8): its training pattern, seed and throttling) read by the real
 nvml source every 15 s for 70 minutes on a manual clock, rendered by the real renderer, and given to promtool with the
-shipped goodput.gpu_risk_trends and goodput.gpu_risk groups, as Prometheus would store a scrape of node0 from the
-daemon's start: the hour the trends are judged over, and past it. Every GPU has a level, and none was above ok at any
+shipped risk groups (the trends', then the level's), as Prometheus would store a scrape of node0 from the daemon's
+start: the hour the trends are judged over, and past it. Every GPU has a level, and none was above ok at any
 evaluation. (A burst of 150 PCIe replays on one GPU in that hour makes it fail: checked by hand.) The same rules put
 the demo's injected faults at their levels (tests/test_alerts_e2e.py::test_gpu_faults_page_and_resolve) and each
 trend past its bound at watch (rules/tests/risk.test.yml)."""
@@ -28,7 +28,7 @@ INPUTS = ("goodput_gpu_up", "goodput_gpu_lost_total", "goodput_gpu_sampled_secon
           "goodput_gpu_retired_pages_pending", "goodput_gpu_ecc_errors_total",
           "goodput_gpu_clock_throttle_seconds_total", "goodput_gpu_pcie_replays_total",
           "goodput_gpu_nvlink_errors_total")  # what the risk terms read
-RISK_GROUPS = ("goodput.gpu_risk_trends", "goodput.gpu_risk")  # the trends' record, then the level that reads it
+RISK_GROUPS = ("goodput.gpu_risk_trends", "goodput.gpu_risk_trends_nvlink", "goodput.gpu_risk")  # trends, then level
 TARGET = {"cluster": "c1", "instance": "node0:9445", "job": "goodput-exporter"}
 
 

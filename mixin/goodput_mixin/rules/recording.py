@@ -455,8 +455,10 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
     one_slow = f"(\n  {step}\n  - {gap}\n)"
     balanced = (f"(\n  avg by ({c}, workload) ({own})\n  + on ({c}, workload)\n"
                 f"  min by ({c}, workload) ({STEP_WAIT}{w})\n)")
-    # the lesser what-if: the slowest rank at its stage's speed where that is less (or the only one), else balanced
-    ideal = f"(\n  {one_slow}\n  <= on ({c}, workload)\n  {balanced}\n  or\n  {balanced}\n  or\n  {one_slow}\n)"
+    # the lesser what-if (where only one exists, that one): each written once, tagged so that `or` keeps both (each
+    # written out twice, in a comparison and its fallbacks, the cost group took 1.9 s at 10,000 GPUs)
+    ideal = (f"min by ({c}, workload) (\n  label_replace({one_slow}, \"of\", \"one_slow\", \"\", \"\")\n  or\n"
+             f"  label_replace({balanced}, \"of\", \"balanced\", \"\", \"\")\n)")
     ranks = f"count by ({c}, workload) ({own})"
     cost = f"{STRAGGLER_COST}{w}"
     staged_typical = f'{typical}{{pipeline_stage!=""}}'
@@ -468,7 +470,7 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
         {"record": f"workload:goodput_straggler_slowdown_ratio:rate{w}",
          "expr": f"{step}\n/ (\n{ideal}\n  > 0\n)"},
         {"record": f"workload:goodput_straggler_lost_gpu_seconds:rate{w}",
-         "expr": f"{ranks}\n* clamp_min(\n  {step}\n  - on ({c}, workload)\n{ideal},\n  0\n)\n/ ({step} > 0)"},
+         "expr": f"{ranks}\n* clamp_min(\n  1\n  - {ideal}\n  / ({step} > 0),\n  0\n)"},
         {"record": cost, "expr": culprit_cost},
         # written out rather than read from the record above: vmalert reads a group's records back from its store,
         # where one of the same evaluation is not there yet (a chain in a group lags one evaluation a link)
