@@ -111,8 +111,10 @@ def test_a_gpu_that_stops_answering_has_its_rows_taken_back_and_the_others_keep_
     assert value(text, "goodput_gpu_info", gpu="1") == 1
     gpu1 = [(name, labels) for name in {m.name for m in batch.series}
             for labels in series(text, name) if labels.get("gpu") == "1"]
-    # its identity stays, and with it its capacity (the MFU denominator of the job that holds it)
-    assert sorted({name for name, _ in gpu1}) == ["goodput_gpu_info", "goodput_gpu_peak_flops", "goodput_gpu_up"]
+    # its identity stays, and with it its capacity (the MFU denominator of the job that holds it), and its losses
+    assert sorted({name for name, _ in gpu1}) == ["goodput_gpu_info", "goodput_gpu_lost_total",
+                                                   "goodput_gpu_peak_flops", "goodput_gpu_up"]
+    assert value(text, "goodput_gpu_lost_total", gpu="1") == 1
     for metric, rows in healthy.series.items():  # GPUs 0 and 2: every series, in GPU order
         expected = [labels[:2] for labels, _ in rows if labels[0] != "1"]
         assert [labels[:2] for labels, _ in batch.series[metric] if labels[0] != "1"] == expected
