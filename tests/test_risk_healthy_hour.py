@@ -15,6 +15,8 @@ from pathlib import Path
 
 import yaml
 from conftest import ROOT, ManualClock, promtool, samples
+from goodput_mixin.rules.risk import risk_groups
+from goodput_mixin.rules.settings import RulesSettings
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.nvml.simulated import SimulatedGpus
@@ -28,7 +30,7 @@ INPUTS = ("goodput_gpu_up", "goodput_gpu_lost_total", "goodput_gpu_sampled_secon
           "goodput_gpu_retired_pages_pending", "goodput_gpu_ecc_errors_total",
           "goodput_gpu_clock_throttle_seconds_total", "goodput_gpu_pcie_replays_total",
           "goodput_gpu_nvlink_errors_total")  # what the risk terms read
-RISK_GROUPS = ("goodput.gpu_risk_trends", "goodput.gpu_risk_trends_nvlink", "goodput.gpu_risk")  # trends, then level
+RISK_GROUPS = tuple(str(g["name"]) for g in risk_groups(RulesSettings()))  # the trends', then the level's
 TARGET = {"cluster": "c1", "instance": "node0:9445", "job": "goodput-exporter"}
 
 
