@@ -148,11 +148,13 @@ KNOWN: dict[str, Known] = {
     "workload:goodput_mfu_ratio:rate5m": Known(("rate",), 1.0, 25, 0, 0),
     "workload:goodput_phase_seconds:rate1h": Known(("rate",), 0.863, 375, 0, 0),
     "workload:goodput_phase_seconds:rate5m": Known(("rate", "rate-presence"), 1.0, 146, 0, 10),
+    "workload:goodput_ranks_stepping:count5m": Known(("rate-presence",), 0.0, 0, 0, 1),
     "workload:goodput_ratio:deriv1h": Known(("rate", "rate-presence"), 0.1, 35, 0, 1),
     "workload:goodput_ratio:rate5m": Known(("rate",), 1.0, 13, 0, 0),
+    "workload:goodput_step_duration_seconds:max5m": Known(("rate", "rate-presence"), 0.025, 4, 0, 1),
     "workload:goodput_step_time_shift:info": Known(("rate-presence",), 0.0, 0, 0, 2),
     "workload:goodput_step_wait_min_ratio:rate5m": Known(("rate", "rate-presence"), 0.395, 6, 0, 1),
-    "workload:goodput_straggler_lost_gpu_seconds:rate5m": Known(("rate", "rate-presence"), 0.338, 13, 0, 1),
+    "workload:goodput_straggler_lost_gpu_seconds:rate5m": Known(("rate", "rate-presence"), 0.15, 11, 0, 1),
     "workload:goodput_straggler_ratio:rate1h": Known(("rate",), 0.121, 4, 0, 0),
     "workload:goodput_straggler_ratio:rate5m": Known(("rate", "rate-presence"), 0.291, 7, 0, 1),
     "workload:goodput_straggler_slowdown_ratio:rate5m": Known(("rate", "rate-presence"), 0.126, 5, 0, 1),
@@ -179,6 +181,8 @@ KNOWN: dict[str, Known] = {
     "workload_rank:goodput_straggler_lost_gpu_seconds:rate5m": Known(("rate", "rate-presence"), 0.338, 4, 0, 2),
     "workload_rank:goodput_straggler_ratio:rate1h": Known(("rate",), 0.166, 5, 0, 0),
     "workload_rank:goodput_straggler_ratio:rate5m": Known(("rate", "rate-presence"), 0.291, 8, 0, 8),
+    "workload_stage_rank:goodput_step_own_seconds:mean1h": Known(("rate",), 0.164, 6, 0, 0),
+    "workload_stage_rank:goodput_step_own_seconds:mean5m": Known(("rate", "rate-presence"), 0.289, 50, 0, 8),
     "workload_stage:goodput_step_own_seconds:median5m": Known(("rate", "rate-presence"), 0.02, 4, 0, 1),
 }
 

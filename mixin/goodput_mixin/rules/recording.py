@@ -276,6 +276,7 @@ def _goodput(phases: str, w: str) -> list[Rule]:
 
 
 OWN_STAGE = "workload_stage:goodput_step_own_seconds:median"
+OWN_STAGED = "workload_stage_rank:goodput_step_own_seconds:mean"
 
 
 def staged(s: RulesSettings, own: str) -> str:
@@ -283,26 +284,29 @@ def staged(s: RulesSettings, own: str) -> str:
     job reported its role; without a role, as it is (no stage label: the whole workload is its stage)."""
     c, n = s.cluster_label, s.node_label
     rank = f"{c}, {n}, workload, rank"
-    return (f"(\n    {own}\n    * on ({rank}) group_left (pipeline_stage)\n"
-            f"    max by ({rank}, pipeline_stage) (goodput_rank_role_info)\n  or on ({rank})\n    {own}\n  )")
+    return (f"{own}\n* on ({rank}) group_left (pipeline_stage)\n"
+            f"max by ({rank}, pipeline_stage) (goodput_rank_role_info)\nor on ({rank})\n{own}")
 
 
 def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
-    """The typical own time per step of each stage (its ranks' median; ranks without a role: the workload's), and
-    each rank's own time over its stage's: a pipeline's last stage, slower by construction, is compared with itself,
-    not with the faster stages (which would page all its ranks). Of a stage of two ranks (two replicas of a
-    pipeline, a 2-rank job) the typical is the faster one's: their median is their mean, against which a rank three
-    times slower than its peer reads only 1.5."""
+    """Each rank's own time with its stage, the typical own time of each stage (its ranks' median; ranks without a
+    role: the workload's), and each rank's own time over its stage's: a pipeline's last stage, slower by
+    construction, is compared with itself, not with the faster stages (which would page all its ranks). Of a stage of
+    two ranks (two replicas of a pipeline, a 2-rank job) the typical is the faster one's: their median is their mean,
+    against which a rank three times slower than its peer reads only 1.5. The join with the roles is recorded once
+    and read by the two rules after it (written into each of them, it was read five times: 0.5 s of the group's
+    evaluation at 10,000 GPUs)."""
     c = s.cluster_label
     typical = f"{OWN_STAGE}{w}"
     by = f"{c}, workload, pipeline_stage"
-    ranks = staged(s, own)
+    ranks = f"{OWN_STAGED}{w}"
     return [
+        {"record": ranks, "expr": staged(s, own)},
         {"record": typical,
-         "expr": f"(\n  quantile by ({by}) (0.5,\n  {ranks}\n  )\n  and on ({by})\n"
-                 f"  count by ({by}) (\n  {ranks}\n  ) > 2\n)\nor\nmin by ({by}) (\n  {ranks}\n)"},
+         "expr": f"(\n  quantile by ({by}) (0.5, {ranks})\n  and on ({by})\n"
+                 f"  count by ({by}) ({ranks}) > 2\n)\nor\nmin by ({by}) ({ranks})"},
         {"record": f"workload_rank:goodput_straggler_ratio:rate{w}",
-         "expr": f"{staged(s, own)}\n/ on ({c}, workload, pipeline_stage) group_left ()\n  ({typical} > 0)"},
+         "expr": f"{ranks}\n/ on ({c}, workload, pipeline_stage) group_left ()\n  ({typical} > 0)"},
         {"record": f"workload:goodput_straggler_ratio:rate{w}",
          "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
     ]
@@ -321,13 +325,23 @@ def _workload(s: RulesSettings) -> list[Rule]:
     ]
 
 
+STEP_MAX = "workload:goodput_step_duration_seconds:max"
+RANKS_STEPPING = "workload:goodput_ranks_stepping:count"
+
+
 def _step(s: RulesSettings) -> list[Rule]:
-    """Per rank, with its node (the label names where a rank runs: an alert on it pages that node's owner)."""
+    """Per rank, with its node (the label names where a rank runs: an alert on it pages that node's owner); per
+    workload, its step time (its slowest rank's mean: in synchronous training every rank's) and how many ranks
+    stepped in the window, which the straggler cost reads (each computed there from every rank's series, the cost
+    group took 1.2 s at 10,000 GPUs)."""
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
+    step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     return [
-        {"record": f"workload_rank:goodput_step_duration_seconds:mean{w}",
+        {"record": step,
          "expr": f"sum by ({c}, {n}, workload, rank) (rate(goodput_step_duration_seconds_sum[{w}]))\n"
                  f"  / (sum by ({c}, {n}, workload, rank) (rate(goodput_step_duration_seconds_count[{w}])) > 0)"},
+        {"record": f"{STEP_MAX}{w}", "expr": f"max by ({c}, workload) ({step})"},
+        {"record": f"{RANKS_STEPPING}{w}", "expr": f"count by ({c}, workload) ({step})"},
     ]
 
 
@@ -392,28 +406,27 @@ def _straggler(s: RulesSettings) -> list[Rule]:
     wait = f"{STEP_WAIT}{w}"
     by = f"{c}, {n}, workload, rank"
     steps = f"(sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)"
-    # the wait is written into the own time rather than read from its record: vmalert reads a group's records back
-    # from its store, where one of the same evaluation is not there yet (each link of a chain lags an evaluation)
-    waited = (f"max by ({by}) (\n"
-              f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
-              f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}')
     return [
         # What a rank waits in collectives per step: the larger of its comm_wait (the CPU waited: gloo, DDP's hooks)
         # and its GPU-side wait (NCCL, goodput.collective_wait). The two are set apart by a label for the max.
-        {"record": wait, "expr": waited},
+        {"record": wait,
+         "expr": f"max by ({by}) (\n"
+                 f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
+                 f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}'},
         # In synchronous training every rank's step lasts as long as the slowest one's (they all meet in the
         # collectives), so the straggler is found by its own time per step: what it neither waits in collectives
         # nor leaves unmeasured. It waits least because everyone waits for it. What stays unmeasured (`untracked`:
         # a pipeline's bubbles, a wait no probe saw) is never its own time. Read as its elapsed time less its
         # untracked time (in one sum: `or` keeps both, untracked negated; none reported counts 0), per step, less
-        # its wait: three series a rank rather than nine (reading the nine took 0.35 to 1.3 s at 10,000 GPUs).
-        # Jobs that report no phases fall back to their step time. Under NCCL the own time holds the transfer (the
-        # CPU sees neither it nor the wait; the GPU-side wait is beyond the last arrival's time), alike on every
-        # rank. A wait counted both as untracked and on the GPU is taken once too often: floored at 0.
+        # its wait as recorded just before (under vmalert, which reads a group's records back from its store, the
+        # wait of the evaluation before: written out here again, the group took 1.1 s at 10,000 GPUs). Jobs that
+        # report no phases fall back to their step time. Under NCCL the own time holds the transfer (the CPU sees
+        # neither it nor the wait; the GPU-side wait is beyond the last arrival's time), alike on every rank. A wait
+        # counted both as untracked and on the GPU is taken once too often: floored at 0.
         {"record": own,
          "expr": f"clamp_min(\n  sum by ({by}) (\n    rate(goodput_elapsed_seconds_total[{w}])\n    or\n"
                  f'    -rate(goodput_phase_seconds_total{{phase="untracked"}}[{w}])\n  )\n  / {steps}\n'
-                 f"  - (\n{waited}\n  ),\n  0\n)\nor\n{step}"},
+                 f"  - {wait},\n  0\n)\nor\n{step}"},
     ]
 
 
@@ -450,7 +463,7 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
     typical = f"{OWN_STAGE}{w}"
-    step = f"max by ({c}, workload) (workload_rank:goodput_step_duration_seconds:mean{w})"
+    step = f"{STEP_MAX}{w}"
     gap = f"(\n  max by ({c}, workload) ({own})\n  - max by ({c}, workload) ({typical})\n)"
     one_slow = f"(\n  {step}\n  - {gap}\n)"
     balanced = (f"(\n  avg by ({c}, workload) ({own})\n  + on ({c}, workload)\n"
@@ -459,23 +472,22 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
     # written out twice, in a comparison and its fallbacks, the cost group took 1.9 s at 10,000 GPUs)
     ideal = (f"min by ({c}, workload) (\n  label_replace({one_slow}, \"of\", \"one_slow\", \"\", \"\")\n  or\n"
              f"  label_replace({balanced}, \"of\", \"balanced\", \"\", \"\")\n)")
-    ranks = f"count by ({c}, workload) ({own})"
+    ranks = f"{RANKS_STEPPING}{w}"
     cost = f"{STRAGGLER_COST}{w}"
     staged_typical = f'{typical}{{pipeline_stage!=""}}'
     culprit_cost = (f"(workload_rank:goodput_straggler_ratio:rate{w} > {s.straggler_ratio:g}) * 0\n"
                     f"+ on ({c}, {n}, workload, rank) group_left ()\n(\n  {own}\n"
                     f"  - on ({c}, workload) group_left ()\n  max by ({c}, workload) ({typical})\n)\n"
                     f"/ on ({c}, workload) group_left ()\n({step} > 0)")
+    slowdown = f"workload:goodput_straggler_slowdown_ratio:rate{w}"
+    # the rules after the first two read them as recorded (vmalert: as recorded the evaluation before, which reads a
+    # group's records back from its store); each written out again, the group took 1.2 s at 10,000 GPUs
     return [
-        {"record": f"workload:goodput_straggler_slowdown_ratio:rate{w}",
-         "expr": f"{step}\n/ (\n{ideal}\n  > 0\n)"},
-        {"record": f"workload:goodput_straggler_lost_gpu_seconds:rate{w}",
-         "expr": f"{ranks}\n* clamp_min(\n  1\n  - {ideal}\n  / ({step} > 0),\n  0\n)"},
+        {"record": slowdown, "expr": f"{step}\n/ (\n{ideal}\n  > 0\n)"},
         {"record": cost, "expr": culprit_cost},
-        # written out rather than read from the record above: vmalert reads a group's records back from its store,
-        # where one of the same evaluation is not there yet (a chain in a group lags one evaluation a link)
-        {"record": f"{STRAGGLER_LOST}{w}",
-         "expr": f"(\n{culprit_cost}\n)\n* on ({c}, workload) group_left ()\n{ranks}"},
+        {"record": f"workload:goodput_straggler_lost_gpu_seconds:rate{w}",
+         "expr": f"{ranks}\n* clamp_min(1 - 1 / ({slowdown} > 0), 0)"},
+        {"record": f"{STRAGGLER_LOST}{w}", "expr": f"{cost}\n* on ({c}, workload) group_left ()\n{ranks}"},
         # pipelines: the slowest stage's typical own time over the mean stage's (1 when balanced)
         {"record": f"workload:goodput_stage_imbalance_ratio:rate{w}",
          "expr": f"max by ({c}, workload) ({staged_typical})\n/ avg by ({c}, workload) ({staged_typical})\n"
