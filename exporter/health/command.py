@@ -188,15 +188,10 @@ def assess(reading: Reading, memory: dict[str, Any], config: HealthConfig) -> li
                        "until": now + config.xid_hold, "evidence": f"goodput_gpu_xid_errors_total{{xid=\"{xid}\"}}"
                                                                    f" rose to {value:.0f}"})
     for labels, value in reading.of("goodput_gpu_ecc_errors_total"):
-        if labels.get("error_type") != "uncorrected":
-            continue
-        uuid = labels["uuid"]
-        before = seen.setdefault(uuid, {}).get("ecc_uncorrected")
-        seen[uuid]["ecc_uncorrected"] = value
-        if before is not None and value > before:
-            recent.append({"uuid": uuid, "gpu": labels.get("gpu", "?"), "level": DRAIN, "reason": "ecc_uncorrected",
-                           "until": now + config.xid_hold,
-                           "evidence": f"uncorrected ECC errors {before:.0f} -> {value:.0f}"})
+        # volatile: since the driver loaded, 0 again once the GPU is reset (what NVIDIA asks for after one)
+        if labels.get("error_type") == "uncorrected" and value > 0 and "uuid" in labels:
+            find(labels["uuid"], DRAIN, "ecc_uncorrected",
+                 f"{value:.0f} uncorrected ECC errors since the driver loaded (no reset since)")
     memory["recent"] = recent
     for r in recent:
         findings.append(Finding(gpus.get(r["uuid"], r["gpu"]), r["uuid"], r["level"], r["reason"], r["evidence"]))

@@ -74,7 +74,8 @@ REASONS: dict[str, tuple[int, str]] = {
     "xid_repeated": (REPLACE, "the GPU fell off the bus (XID 79) again within the repeat window"),
     "row_remap_pending": (DRAIN, "a row remap waits for a GPU reset (goodput_gpu_row_remap_pending)"),
     "retired_pages_pending": (DRAIN, "a page retirement waits for a GPU reset (goodput_gpu_retired_pages_pending)"),
-    "ecc_uncorrected": (DRAIN, "uncorrectable ECC errors (goodput_gpu_ecc_errors_total{error_type=\"uncorrected\"})"),
+    "ecc_uncorrected": (DRAIN, "uncorrectable ECC errors since the driver loaded: no reset since "
+                               "(goodput_gpu_ecc_errors_total{error_type=\"uncorrected\"} above 0)"),
     "gpu_lost": (DRAIN, "NVML no longer answers for the GPU (goodput_gpu_up 0)"),
     "xid_<code>": (DRAIN, "an XID the catalogue says needs a reset (REPLACE for 64, WATCH for 92)"),
     "ecc_corrected_rising": (WATCH, "correctable ECC errors keep counting"),

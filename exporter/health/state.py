@@ -5,7 +5,7 @@ file beside it.
     {"counts": {"drain|row_remap_pending|false": 1, ...},   # every decision, by action, reason, dry_run
      "pending": {"since": T, "deadline": T, "reason": "...", "saves": {"w/0": T}} | null,
      "last_drain": T | null,                                 # when this node was last drained by the command
-     "seen": {"<uuid>": {"xid": {"79": 2}, "ecc_uncorrected": 0}},
+     "seen": {"<uuid>": {"xid": {"79": 2}}},
      "recent": [{"uuid": ..., "gpu": ..., "reason": "xid_79", "level": 2, "until": T, "evidence": ...}],
      "last_run": T}
 """

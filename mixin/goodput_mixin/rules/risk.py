@@ -32,7 +32,6 @@ def _new(series: str, window: str) -> str:
 def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str, int, str]]]:
     """The risk terms as (reason, level, filter): those read at every evaluation, and the trends over the hour of the
     counters every GPU has, which the slow group reads once a minute."""
-    w = s.windows[0]
     xid = "goodput_gpu_xid_errors_total"
     drain_xids, replace_xids = "|".join(map(str, xids_at(DRAIN))), "|".join(map(str, xids_at(REPLACE)))
     serious = "|".join(map(str, xids_at(DRAIN) + xids_at(REPLACE)))
@@ -51,7 +50,9 @@ def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str
         ("row_remap_pending", DRAIN, "goodput_gpu_row_remap_pending == 1"),
         ("retired_pages_pending", DRAIN, "goodput_gpu_retired_pages_pending == 1"),
         ("gpu_lost", DRAIN, "goodput_gpu_up == 0"),
-        ("ecc_uncorrected", DRAIN, f"increase({uncorrected}[{w}]) > 0"),
+        # volatile: counted since the driver loaded, back to 0 at the GPU's reset, which NVIDIA's memory error
+        # management asks for after an uncorrectable error (it activates the row remap or page retirement)
+        ("ecc_uncorrected", DRAIN, f"{uncorrected} > 0"),
         ("xid_drain", DRAIN, f"max without (xid) ({_new(drain_sel, HOLD)})"),
         # a series new in the window counted all its events there (the exporter counts from its start)
         ("xids_repeated", WATCH,
