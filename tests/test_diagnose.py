@@ -458,10 +458,10 @@ def test_the_risk_lines_say_when_no_gpu_is_known_and_when_a_level_outlived_its_r
     diagnosis.gpus = 8
     assert risk_lines(diagnosis) == ["  GPU risk: no GPU of this workload at risk (of 8 GPUs)"]
     runbook = Runbook("gpu-risk-replace.md", "https://runbooks/gpu-risk-replace.md")
-    diagnosis.risks = [GpuRisk("n1", "3", "GPU-x", 3, ("row_remap_failure", "xid_replace"), runbook),
+    diagnosis.risks = [GpuRisk("n1", "3", "GPU-x", 3, ("row_remap_failure", "xid_repeated"), runbook),
                        GpuRisk("n2", "0", "GPU-y", 1, (), runbook)]
     assert risk_lines(diagnosis) == [
-        "  GPU risk: GPU 3 (GPU-x) on node n1: replace (row_remap_failure, xid_replace); runbook: "
+        "  GPU risk: GPU 3 (GPU-x) on node n1: replace (row_remap_failure, xid_repeated); runbook: "
         "https://runbooks/gpu-risk-replace.md",
         "  GPU risk: GPU 0 (GPU-y) on node n2: watch (no reason holds now: the rules recorded it an evaluation ago); "
         "runbook: https://runbooks/gpu-risk-replace.md"]

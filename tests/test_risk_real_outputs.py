@@ -45,7 +45,7 @@ from goodput_mixin.rules.risk import risk_groups
 from goodput_mixin.rules.settings import RulesSettings
 
 from exporter.core.exposition import TEXT, Renderer
-from exporter.health.risk import DRAIN, OK, REPLACE, WATCH
+from exporter.health.risk import DRAIN, OK, WATCH
 from exporter.sources.dcgm import scrape
 from exporter.sources.nvml.api import (
     FI_ECC_DBE_VOL_TOTAL,
@@ -259,8 +259,9 @@ CASES = [
     # watch: application XIDs that repeat within the hour
     Case("watch-xid-43-twice", (RISK / "issue-akash-support-244-xid43-xid31-xid94.txt",), "0000:00:05", WATCH,
          why="XID 43 (GPU stopped processing) twice in 68 s"),
-    Case("watch-xid-13-thrice-then-109", (RISK / "gpud-xid-readme-xid13-x3-xid109.txt",), "0000:cb:00", WATCH,
-         why="three graphics engine exceptions (XID 13) and a context switch timeout (XID 109) within 5 s"),
+    Case("drain-xid-109-after-three-xid-13", (RISK / "gpud-xid-readme-xid13-x3-xid109.txt",), "0000:cb:00", DRAIN,
+         why="three graphics engine exceptions (XID 13), then a context switch timeout (XID 109), whose catalogued "
+             "action is a GPU reset"),
     # drain: a reset is due, or the GPU is gone
     Case("drain-row-remap-pending-and-xid-63", (RISK / "stas00-ml-engineering-a100-xid63-row-remap-pending.txt",),
          "0000:10:1c", DRAIN, before=DRAIN,
@@ -268,8 +269,8 @@ CASES = [
              "marked for remapping, reset gpu to activate)"),
     Case("drain-row-remap-pending-uncorrectable", (RISK / "gpud-pr-80-remapped-rows-pending.txt",), "", DRAIN,
          before=DRAIN, why="4 rows remapped after uncorrectable errors, Pending: Yes"),
-    Case("drain-xid-94-contained-ecc", (RISK / "issue-akash-support-244-xid43-xid31-xid94.txt",), "0000:00:08", DRAIN,
-         why="XID 94: a contained uncorrectable ECC error"),
+    Case("watch-xid-94-contained-ecc", (RISK / "issue-akash-support-244-xid43-xid31-xid94.txt",), "0000:00:08", WATCH,
+         why="XID 94: a contained memory error (the catalogue: restart the application; the GPU stays in service)"),
     Case("drain-xid-79-fallen-off-the-bus", (RISK / "gpud-sxid-readme-xid79-fallen-off-the-bus.txt",), "0000:91:00",
          DRAIN, why="XID 79: the GPU fell off the bus (and NVML lost it)"),
     Case("drain-sram-uncorrectable-counted", (RISK / "stas00-ml-engineering-sram-uncorrectable.txt",), "", DRAIN,
@@ -277,9 +278,9 @@ CASES = [
     Case("drain-sram-uncorrectable-since-start", (RISK / "stas00-ml-engineering-sram-uncorrectable.txt",), "",
          DRAIN, before=DRAIN,
          why="the volatile uncorrectable ECC count at 1 from the daemon's start: no reset since the error"),
-    # replace: an RMA case
-    Case("replace-xid-48-then-64", (RISK / "issue-gpu-operator-1146-xid48-xid64.txt",), "0000:07:00", REPLACE,
-         why="a double-bit error (XID 48) whose page could not be retired (XID 64)"),
+    Case("drain-xid-48-then-64", (RISK / "issue-gpu-operator-1146-xid48-xid64.txt",), "0000:07:00", DRAIN,
+         why="a double-bit error (XID 48) whose page could not be retired (XID 64): the catalogue's action for both "
+             "is a GPU reset (the RMA case is a failed row remap, which no published output shows)"),
 ]
 
 

@@ -18,21 +18,36 @@ from dataclasses import dataclass
 LEVELS = ("ok", "watch", "drain", "replace")
 OK, WATCH, DRAIN, REPLACE = range(4)
 
-# XID code -> (level, what NVIDIA's catalogue says it is). Codes not listed are counted as "other": application
-# faults (13, 31, 43, 45: the job's own bugs, most of the time) that only raise a GPU to watch when they repeat.
+# XID code -> (level, what NVIDIA's catalogue says of it). The level follows the catalogue's immediate action
+# (docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html, the "Resolution Bucket" columns): RESET_GPU and
+# RESTART_BM (a reset or a reboot is due) are drain; RESTART_APP, IGNORE with CONTACT_SUPPORT, and the memory
+# events whose state NVML reports itself (a pending row remap is drain through goodput_gpu_row_remap_pending) are
+# watch, at their first occurrence. Codes not listed are "other": application faults (13, 31, 43, 45: the job's
+# own bugs, most of the time) and the NVLink5 codes 144-150, whose fatal subcodes the driver follows with an XID
+# 154, raise a GPU to watch only when they repeat.
 XIDS: dict[int, tuple[int, str]] = {
-    48: (DRAIN, "double-bit ECC error"),
-    61: (DRAIN, "internal micro-controller breakpoint/warning"),
-    62: (DRAIN, "internal micro-controller halt"),
-    63: (DRAIN, "ECC page retirement or row remapping recorded: takes effect at the next reset"),
-    64: (REPLACE, "ECC page retirement or row remapping failed"),
-    74: (DRAIN, "NVLink error"),
-    79: (DRAIN, "GPU has fallen off the bus"),
+    46: (DRAIN, "GPU stopped processing (timeout): reset"),
+    48: (DRAIN, "double-bit ECC error: a reset or reboot clears it"),
+    61: (DRAIN, "internal micro-controller breakpoint/warning (GPUs before Ampere)"),
+    62: (DRAIN, "internal micro-controller halt: reset"),
+    63: (WATCH, "row remapping or page retirement recorded (the pending state is its own, drain, reason)"),
+    64: (DRAIN, "row remapping or page retirement failed: reset, then the vendor (row_remap_failure: replace)"),
+    74: (DRAIN, "NVLink error: a reset or reboot clears it"),
+    79: (DRAIN, "GPU has fallen off the bus: restart the node"),
     92: (WATCH, "high single-bit ECC error rate"),
-    94: (DRAIN, "contained ECC error"),
-    95: (DRAIN, "uncontained ECC error"),
-    119: (DRAIN, "GSP RPC timeout"),
-    120: (DRAIN, "GSP error"),
+    94: (WATCH, "contained memory error: the application on the GPU restarts, the GPU stays in service"),
+    95: (DRAIN, "uncontained memory error: reset before applications restart"),
+    109: (DRAIN, "context switch timeout: reset"),
+    110: (DRAIN, "security fault: reset"),
+    119: (DRAIN, "GSP RPC timeout: reset"),
+    120: (DRAIN, "GSP error: reset"),
+    136: (DRAIN, "link training failed: reset"),
+    140: (DRAIN, "uncorrectable ECC error that escaped row remapping: reset"),
+    143: (DRAIN, "GPU initialisation error: reset"),
+    154: (DRAIN, "GPU recovery action changed: the driver asks for a reset, a reboot or a drain"),
+    155: (DRAIN, "NVLink link down by software: reset"),
+    156: (DRAIN, "resource retirement event: reset"),
+    158: (DRAIN, "GPU fatal timeout: reset"),
 }
 # a GPU that fell off the bus again within the repeat window after a reset is an RMA case
 REPEAT_REPLACE_XIDS = (79,)
@@ -77,7 +92,8 @@ REASONS: dict[str, tuple[int, str]] = {
     "ecc_uncorrected": (DRAIN, "uncorrectable ECC errors since the driver loaded: no reset since "
                                "(goodput_gpu_ecc_errors_total{error_type=\"uncorrected\"} above 0)"),
     "gpu_lost": (DRAIN, "NVML no longer answers for the GPU (goodput_gpu_up 0)"),
-    "xid_<code>": (DRAIN, "an XID the catalogue says needs a reset (REPLACE for 64, WATCH for 92)"),
+    "xid_<code>": (DRAIN, "an XID whose catalogued action is a reset or a reboot (WATCH for 63, 92, 94; the table: "
+                          "exporter/health/risk.py)"),
     "ecc_corrected_rising": (WATCH, "correctable ECC errors keep counting"),
     "pcie_replays_rising": (WATCH, "PCIe replays keep counting (goodput_gpu_pcie_replays_total)"),
     "nvlink_errors_rising": (WATCH, "NVLink CRC errors, replays or recoveries keep counting"),

@@ -10,7 +10,16 @@ nothing (bench/results.md)."""
 
 from __future__ import annotations
 
-from exporter.health.risk import DRAIN, LEVELS, REPEAT_REPLACE_XIDS, REPLACE, RETIRED_PAGES_REPLACE, WATCH, xids_at
+from exporter.health.risk import (
+    DRAIN,
+    LEVELS,
+    REPEAT_REPLACE_XIDS,
+    REPLACE,
+    RETIRED_PAGES_REPLACE,
+    WATCH,
+    XIDS,
+    xids_at,
+)
 
 from .settings import RulesSettings
 
@@ -33,11 +42,17 @@ def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str
     """The risk terms as (reason, level, filter): those read at every evaluation, and the trends over the hour of the
     counters every GPU has, which the slow group reads once a minute."""
     xid = "goodput_gpu_xid_errors_total"
-    drain_xids, replace_xids = "|".join(map(str, xids_at(DRAIN))), "|".join(map(str, xids_at(REPLACE)))
-    serious = "|".join(map(str, xids_at(DRAIN) + xids_at(REPLACE)))
+    listed = "|".join(map(str, sorted(XIDS)))
     repeat = "|".join(map(str, REPEAT_REPLACE_XIDS))
-    other = f'{xid}{{xid!~"{serious}"}}'
-    replace_sel, drain_sel = f'{xid}{{xid=~"{replace_xids}"}}', f'{xid}{{xid=~"{drain_xids}"}}'
+    other = f'{xid}{{xid!~"{listed}"}}'
+
+    def xids(level: int) -> list[tuple[str, int, str]]:
+        """The catalogued XIDs at a level: the GPU at it for HOLD after one (none: no term)."""
+        codes = "|".join(map(str, xids_at(level)))
+        name = {REPLACE: "xid_replace", DRAIN: "xid_drain", WATCH: "xid_watch"}[level]
+        selected = xid + '{xid=~"' + codes + '"}'
+        return [(name, level, f"max without (xid) ({_new(selected, HOLD)})")] if codes else []
+
     uncorrected = 'goodput_gpu_ecc_errors_total{error_type="uncorrected"}'
     corrected = 'goodput_gpu_ecc_errors_total{error_type="corrected"}'
     thermal = 'goodput_gpu_clock_throttle_seconds_total{reason="thermal"}'
@@ -45,7 +60,7 @@ def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str
         ("row_remap_failure", REPLACE, "goodput_gpu_row_remap_failure == 1"),
         ("retired_pages_exhausted", REPLACE,
          f"sum without (cause) (goodput_gpu_retired_pages_total) >= {RETIRED_PAGES_REPLACE}"),
-        ("xid_replace", REPLACE, f"max without (xid) ({_new(replace_sel, HOLD)})"),
+        *xids(REPLACE),
         ("xid_repeated", REPLACE, f'max without (xid) (increase({xid}{{xid=~"{repeat}"}}[{REPEAT}])) >= 2'),
         ("row_remap_pending", DRAIN, "goodput_gpu_row_remap_pending == 1"),
         ("retired_pages_pending", DRAIN, "goodput_gpu_retired_pages_pending == 1"),
@@ -53,7 +68,8 @@ def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str
         # volatile: counted since the driver loaded, back to 0 at the GPU's reset, which NVIDIA's memory error
         # management asks for after an uncorrectable error (it activates the row remap or page retirement)
         ("ecc_uncorrected", DRAIN, f"{uncorrected} > 0"),
-        ("xid_drain", DRAIN, f"max without (xid) ({_new(drain_sel, HOLD)})"),
+        *xids(DRAIN),
+        *xids(WATCH),
         # a series new in the window counted all its events there (the exporter counts from its start)
         ("xids_repeated", WATCH,
          f"sum without (xid) (({other} unless {other} offset {HOLD}) or increase({other}[{HOLD}])) >= 2"),
