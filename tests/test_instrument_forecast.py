@@ -44,6 +44,10 @@ from two_nodes import two_nodes
 STEPS = 160  # about 70 s of steps at 0.43 s
 FORECAST_JOBS = ("hf", "lightning")
 BOUND = 0.15
+# what the forecast is made of, printed with it: a miss says which input was off
+INPUTS = ("workload:goodput_step_number:max", "workload:goodput_step_number_timestamp_seconds:max",
+          "workload:goodput_step_time_seconds:median", "workload:goodput_step_time_seconds:lifetime_mean",
+          "workload:goodput_step_overhead_ratio:lifetime", "workload:goodput_time_to_finish_seconds:p50")
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Watch:
     half: tuple[float, float] | None = None  # (when the estimates first read a step past half, its progress)
     forecast: tuple[float, float] | None = None  # (when the finish group evaluated after it, its P50 finish date)
     finished: float | None = None  # the first scrape that saw the target step
+    inputs: dict[str, float | None] = field(default_factory=dict)  # the forecast's inputs when it was taken
     samples: list[tuple[float, float | None, float | None]] = field(default_factory=list)
 
 
@@ -87,6 +92,7 @@ def watch(stack: Stack, jobs: list[TwoNodeJob], found: dict[str, Watch], deadlin
                 w.half = progress
             if w.half is not None and w.forecast is None and finish and finish[0] > w.half[0]:
                 w.forecast = finish
+                w.inputs = {r: (v[1] if (v := _one(stack, f"{r}{sel}")) else None) for r in INPUTS}
             if done:
                 w.finished = float(done[0]["value"][1])  # type: ignore[index]
         time.sleep(0.5)
@@ -110,7 +116,7 @@ def finishes(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator
         watch(stack, jobs, found, deadline=time.monotonic() + 300)
         for name, w in found.items():
             print(f"{name}: target {w.target}, half {w.half}, forecast {w.forecast}, finished {w.finished}; "
-                  f"samples {w.samples[::10]}")
+                  f"the forecast's inputs then: {w.inputs}; samples {w.samples[::10]}")
     finally:
         for job in jobs:
             job.stop()
@@ -136,9 +142,6 @@ JOB = "resub"
 RESUB_STEPS, SAVE = 100, 20
 CHAIN = seconds(DEMO_SETTINGS.slow_groups_interval)  # the forecast groups' interval
 GAP = 5.0  # seconds between the first run's kill and the second's submission
-INPUTS = ("workload:goodput_step_number:max", "workload:goodput_step_number_timestamp_seconds:max",
-          "workload:goodput_step_time_seconds:median", "workload:goodput_step_time_seconds:lifetime_mean",
-          "workload:goodput_step_overhead_ratio:lifetime", "workload:goodput_time_to_finish_seconds:p50")
 
 
 @dataclass
