@@ -114,7 +114,7 @@ ACCOUNTING = {"goodput_elapsed_seconds": 1.0, "goodput_downtime_seconds": 0.01, 
 # the nvml source's health gauges on every GPU: (healthy value, degraded value); one GPU in 997 degraded
 HEALTH_GAUGES = {"up": (1, 0), "pcie_link_generation": (5, 5), "pcie_link_max_generation": (5, 5),
                  "pcie_link_width": (16, 8), "pcie_link_max_width": (16, 16), "row_remap_failure": (0, 0),
-                 "row_remap_pending": (0, 1)}
+                 "row_remap_pending": (0, 1), "recovery_action": (0, 1)}
 WASTEFUL = 5  # workloads redoing enough steps after restarts that GoodputWastedProgress pages (_long_value)
 # workloads hung on a missing rank: their rank 0 never enqueued collective 1001, which the other 63 have waited in
 # for 45 s (past rank_missing_seconds); the other workloads' ranks have an op in flight for 10 ms
@@ -1071,8 +1071,8 @@ def markdown(result: Result) -> list[str]:
         "## Rules at cluster scale",
         "",
         f"Synthetic history of {NODES * GPUS_PER_NODE:,} GPUs ({NODES:,} nodes, DCGM ratios and the nvml source's "
-        "health series on every GPU: up, losses, PCIe link and replays, row remapping, NVLink error totals, one GPU "
-        "in 997 degraded; no RDMA NICs), "
+        "health series on every GPU: up, losses, PCIe link and replays, row remapping, the driver's recovery "
+        "action, NVLink error totals, one GPU in 997 degraded; no RDMA NICs), "
         f"{WORKLOADS} workloads x {RANKS} ranks (with their attribution info series, their roles in four pipeline "
         "stages, NCCL's collective durations, their own time's step-to-step variation, and the forecast's inputs: "
         "step numbers, a target, a step-time baseline, restarts and one run each; "

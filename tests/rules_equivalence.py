@@ -369,6 +369,9 @@ def fleet(t0: int) -> list[Series]:
                                   s >= 5 * 60 else 0.0), integer=True)
             f.gauge(target, "goodput_gpu_retired_pages_pending", g,
                     present(lambda s, n=node, i=gpu: 1.0 if (n, i) == (2, 5) and s >= 6 * 60 else 0.0))
+            # node0's GPU 4: its driver asks for a GPU reset (NVML's recovery action 1) from 40m to 50m
+            f.gauge(target, "goodput_gpu_recovery_action", g,
+                    present(lambda s, n=node, i=gpu: 1.0 if (n, i) == (0, 4) and 40 * 60 <= s < 50 * 60 else 0.0))
             for reason in ("power", "thermal", "sync_boost", "board_limit", "low_utilization", "reliability"):
                 hot = (node, gpu, reason) == (2, 0, "power")
                 warm = (node, gpu, reason) == (0, 5, "thermal")  # a second candidate of the leaking GPU's

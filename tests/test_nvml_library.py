@@ -227,8 +227,12 @@ def test_the_ids_we_pass_are_nvmls() -> None:
               "FI_NVLINK_DATA_RX_KIB": "NVLINK_THROUGHPUT_DATA_RX",
               "FI_REMAPPED_COR": "REMAPPED_COR", "FI_REMAPPED_UNC": "REMAPPED_UNC",
               "FI_REMAPPED_PENDING": "REMAPPED_PENDING", "FI_REMAPPED_FAILURE": "REMAPPED_FAILURE",
-              "FI_PCIE_TX_BYTES": "PCIE_COUNT_TX_BYTES", "FI_PCIE_RX_BYTES": "PCIE_COUNT_RX_BYTES"}
+              "FI_PCIE_TX_BYTES": "PCIE_COUNT_TX_BYTES", "FI_PCIE_RX_BYTES": "PCIE_COUNT_RX_BYTES",
+              "FI_GPU_RECOVERY_ACTION": "GET_GPU_RECOVERY_ACTION"}
     assert ours == {name: getattr(pynvml, f"NVML_FI_DEV_{theirs[name]}") for name in ours}
+    # the codes goodput_gpu_recovery_action's help names (nvmlDeviceGpuRecoveryAction_t)
+    assert [getattr(pynvml, f"NVML_GPU_RECOVERY_ACTION_{name}") for name in
+            ("NONE", "GPU_RESET", "NODE_REBOOT", "DRAIN_P2P", "DRAIN_AND_RESET")] == [0, 1, 2, 3, 4]
     policies = ("POWER", "THERMAL", "SYNC_BOOST", "BOARD_LIMIT", "LOW_UTILIZATION", "RELIABILITY")
     nvml = {getattr(pynvml, f"NVML_PERF_POLICY_{name}"): getattr(pynvml, f"NVML_FI_DEV_PERF_POLICY_{name}")
             for name in policies}

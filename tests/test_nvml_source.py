@@ -517,6 +517,23 @@ def test_row_remap_pending_until_a_reset_and_the_row_counted_for_good() -> None:
     assert value(text, "goodput_gpu_retired_pages_pending", gpu="0") == 1
 
 
+def test_the_drivers_recovery_action_is_read_at_every_collection_and_absent_where_unknown() -> None:
+    clock, sim, source = setup(3)
+    sim.set_unsupported(2, "field:230")  # a driver before R570 does not know the field
+    clock.advance(1)
+    text = scrape(source)
+    assert value(text, "goodput_gpu_recovery_action", gpu="0") == 0
+    sim.set_recovery_action(1, 2)  # the driver's XID 154: "node reboot required"
+    clock.advance(1)  # not a slow reading: the next collection has it
+    text = scrape(source)
+    assert value(text, "goodput_gpu_recovery_action", gpu="1") == 2
+    assert value(text, "goodput_gpu_recovery_action", gpu="0") == 0
+    assert 'goodput_gpu_recovery_action{gpu="2"' not in text
+    sim.set_recovery_action(1, 0)  # reset: nothing needed any more
+    clock.advance(1)
+    assert value(scrape(source), "goodput_gpu_recovery_action", gpu="1") == 0
+
+
 def test_a_degraded_pcie_link_trains_below_its_maximum() -> None:
     clock, sim, source = setup(2, pattern="square", busy=0.4, idle=0.1)
     sim.degrade_pcie(0)

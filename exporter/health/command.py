@@ -159,6 +159,9 @@ def assess(reading: Reading, memory: dict[str, Any], config: HealthConfig) -> li
     for labels, value in reading.of("goodput_gpu_up"):
         if value == 0:
             find(labels["uuid"], DRAIN, "gpu_lost", "goodput_gpu_up=0")
+    for labels, value in reading.of("goodput_gpu_recovery_action"):
+        if value > 0 and "uuid" in labels:
+            find(labels["uuid"], DRAIN, "recovery_action", f"goodput_gpu_recovery_action={value:.0f}")
     retired: dict[str, float] = {}
     for labels, value in reading.of("goodput_gpu_retired_pages_total"):
         retired[labels["uuid"]] = retired.get(labels["uuid"], 0) + value

@@ -92,6 +92,8 @@ REASONS: dict[str, tuple[int, str]] = {
     "ecc_uncorrected": (DRAIN, "uncorrectable ECC errors since the driver loaded: no reset since "
                                "(goodput_gpu_ecc_errors_total{error_type=\"uncorrected\"} above 0)"),
     "gpu_lost": (DRAIN, "NVML no longer answers for the GPU (goodput_gpu_up 0)"),
+    "recovery_action": (DRAIN, "the driver asks for a GPU reset, a node reboot or a drain (goodput_gpu_recovery_action "
+                               "above 0)"),
     "xid_<code>": (DRAIN, "an XID whose catalogued action is a reset or a reboot (WATCH for 63, 92, 94; the table: "
                           "exporter/health/risk.py)"),
     "ecc_corrected_rising": (WATCH, "correctable ECC errors keep counting"),

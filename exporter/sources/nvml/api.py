@@ -75,6 +75,10 @@ FI_REMAPPED_COR = 142  # rows remapped after correctable errors, as nvmlDeviceGe
 FI_REMAPPED_UNC = 143  # after uncorrectable ones
 FI_REMAPPED_PENDING = 144  # 1 when a remap waits for a reset
 FI_REMAPPED_FAILURE = 145  # 1 when a row could not be remapped
+# what the driver says the GPU needs now (nvml.h NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, R570 and later; the state the
+# driver's XID 154 reports a change of): nvmlDeviceGpuRecoveryAction_t, 0 none, 1 GPU reset, 2 node reboot, 3 drain
+# peer-to-peer, 4 drain and reset; later drivers add more. Older drivers do not know the field: unsupported
+FI_GPU_RECOVERY_ACTION = 230
 # the violation counters (NVML_FI_DEV_PERF_POLICY_*), by perf policy: nanoseconds, as nvmlDeviceGetViolationStatus
 # answers (side by side on an H200, driver 580.159.04: the same counts, the field ~0.13 s behind), for 0.004 ms of
 # CPU each inside the one field call where the call costs 0.7-1 ms

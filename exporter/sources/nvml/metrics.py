@@ -101,6 +101,11 @@ GPU_RETIRED_PAGES = _m(
     "Memory pages retired over the GPU's life, by cause: single_bit (repeated corrected errors) or double_bit "
     "(an uncorrected error); before Ampere, which remaps rows instead.",
     (*GPU, "cause"))
+GPU_RECOVERY_ACTION = _m(
+    "goodput_gpu_recovery_action", Kind.GAUGE, "",
+    "What the driver says the GPU needs (NVML's GPU recovery action, R570 drivers and later): 0 nothing, 1 a GPU "
+    "reset, 2 a node reboot, 3 a drain of peer-to-peer work, 4 a drain and a reset; later drivers add codes. Absent "
+    "where the driver does not report it.", GPU)
 GPU_RETIRED_PAGES_PENDING = _m(
     "goodput_gpu_retired_pages_pending", Kind.GAUGE, "",
     "1 while a page waits for a GPU reset (or reboot) to be retired, else 0; before Ampere.", GPU)

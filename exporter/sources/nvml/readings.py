@@ -18,6 +18,7 @@ from . import metrics as m
 from .api import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
+    FI_GPU_RECOVERY_ACTION,
     FI_PCIE_REPLAY_COUNTER,
     FI_PERF_POLICY,
     FI_REMAPPED_COR,
@@ -100,6 +101,8 @@ READINGS: tuple[Reading, ...] = (
       for code, cause in RETIREMENT_CAUSES.items()),
     Reading("retired_pages_pending", "", (m.GPU_RETIRED_PAGES_PENDING,), fields=(FI_RETIRED_PENDING,), slow=True),
     Reading("pcie_replays", "", (m.GPU_PCIE_REPLAYS,), fields=(FI_PCIE_REPLAY_COUNTER,), slow=True),
+    # at every collection: the driver's own word that the GPU must be reset or the node rebooted
+    Reading("recovery_action", "", (m.GPU_RECOVERY_ACTION,), fields=(FI_GPU_RECOVERY_ACTION,)),
     Reading("pcie_generation", "device_pcie_link_generation", (m.GPU_PCIE_LINK_GENERATION,)),
     Reading("pcie_max_generation", "device_pcie_link_max_generation", (m.GPU_PCIE_LINK_MAX_GENERATION,), slow=True),
     Reading("pcie_width", "device_pcie_link_width", (m.GPU_PCIE_LINK_WIDTH,)),

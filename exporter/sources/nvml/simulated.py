@@ -29,6 +29,7 @@ from typing import Any
 from .api import (
     FI_ECC_DBE_VOL_TOTAL,
     FI_ECC_SBE_VOL_TOTAL,
+    FI_GPU_RECOVERY_ACTION,
     FI_MEMORY_TEMP,
     FI_NVLINK_DATA_RX_KIB,
     FI_NVLINK_DATA_TX_KIB,
@@ -131,6 +132,7 @@ _FIELDS: dict[int, Callable[[_Gpu, float, float], int]] = {
     FI_REMAPPED_PENDING: lambda gpu, busy, elapsed: gpu.row_remap_pending,
     FI_REMAPPED_FAILURE: lambda gpu, busy, elapsed: gpu.row_remap_failure,
     FI_PCIE_REPLAY_COUNTER: lambda gpu, busy, elapsed: gpu.pcie_replays,
+    FI_GPU_RECOVERY_ACTION: lambda gpu, busy, elapsed: gpu.recovery_action,
 }
 
 
@@ -259,6 +261,7 @@ class _Gpu:
     remapped_rows: list[int] = field(default_factory=lambda: [0, 0])  # corrected, uncorrected
     row_remap_pending: int = 0
     row_remap_failure: int = 0
+    recovery_action: int = 0  # NVML's GPU recovery action: 0 none, 1 GPU reset, 2 node reboot, ...
     # H100s remap rows and retire no pages (NVML says not supported there); the simulator has both, at 0 until a
     # fault, so that every series shows (set_unsupported takes them away)
     retired_pages: list[int] = field(default_factory=lambda: [0, 0])  # single bit, double bit
@@ -426,6 +429,11 @@ class SimulatedGpus:
         if uncorrected:
             gpu.row_remap_pending = 1
 
+    def set_recovery_action(self, index: int, action: int) -> None:
+        """The driver's recovery action for the GPU (0 none, 1 GPU reset, 2 node reboot, 3 drain P2P, 4 drain and
+        reset): what it reports with an XID 154, and answers NVML_FI_DEV_GET_GPU_RECOVERY_ACTION with after."""
+        self._gpus[index].recovery_action = action
+
     def fail_row_remap(self, index: int) -> None:
         """A row that could not be remapped: no spare row left."""
         self._gpus[index].row_remap_failure = 1
@@ -437,9 +445,11 @@ class SimulatedGpus:
         gpu.retired_pages_pending = 1
 
     def reset(self, index: int) -> None:
-        """A GPU reset: pending row remaps and page retirements take effect."""
+        """A GPU reset: pending row remaps and page retirements take effect, the volatile ECC counts start again
+        from 0 and the driver asks for nothing more."""
         gpu = self._gpus[index]
-        gpu.row_remap_pending = gpu.retired_pages_pending = 0
+        gpu.row_remap_pending = gpu.retired_pages_pending = gpu.recovery_action = 0
+        gpu.ecc = [0, 0]
 
     def degrade_pcie(self, index: int, generation: int = 3, width: int = 8) -> None:
         """The PCIe link trained below its maximum (a marginal riser, slot or cable)."""

@@ -65,6 +65,8 @@ def _terms(s: RulesSettings) -> tuple[list[tuple[str, int, str]], list[tuple[str
         ("row_remap_pending", DRAIN, "goodput_gpu_row_remap_pending == 1"),
         ("retired_pages_pending", DRAIN, "goodput_gpu_retired_pages_pending == 1"),
         ("gpu_lost", DRAIN, "goodput_gpu_up == 0"),
+        # the driver's own word (R570 and later): a GPU reset, a node reboot, a drain; what its XID 154 reports
+        ("recovery_action", DRAIN, "goodput_gpu_recovery_action > 0"),
         # volatile: counted since the driver loaded, back to 0 at the GPU's reset, which NVIDIA's memory error
         # management asks for after an uncorrectable error (it activates the row remap or page retirement)
         ("ecc_uncorrected", DRAIN, f"{uncorrected} > 0"),
