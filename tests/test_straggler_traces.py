@@ -49,8 +49,8 @@ KINDS = {"GoodputStraggler": "worker", "GoodputStageImbalance": "stage", "Goodpu
 STEP_SECONDS = 0.12  # a replayed step's mean length: about 5 s a job, the three at once
 W = DEMO_SETTINGS.windows[0]  # the straggler records' window
 # the straggler records' groups, each fed by the one before, and the alerts' that read them
-CHAIN = ("goodput.step", "goodput.collective_wait", "goodput.straggler_wait", "goodput.straggler",
-         "goodput.straggler_stage", "goodput.straggler_ratio", "goodput.straggler_cost", "goodput.alerts.collective")
+CHAIN = ("goodput.step", "goodput.collective_wait", "goodput.straggler", "goodput.straggler_stage",
+         "goodput.straggler_ratio", "goodput.straggler_cost", "goodput.alerts.collective")
 
 
 @dataclass

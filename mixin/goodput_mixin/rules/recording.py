@@ -418,8 +418,8 @@ def _straggler(s: RulesSettings) -> list[Rule]:
         # nor leaves unmeasured. It waits least because everyone waits for it. What stays unmeasured (`untracked`:
         # a pipeline's bubbles, a wait no probe saw) is never its own time. Read as its elapsed time less its
         # untracked time (in one sum: `or` keeps both, untracked negated; none reported counts 0), per step, less
-        # its wait as recorded (by goodput.straggler_wait, an evaluation before: written out here again, the group
-        # took 1.1 s at 10,000 GPUs). Jobs that
+        # its wait as recorded just before (under vmalert, which reads a group's records back from its store, the
+        # wait of the evaluation before: written out here again, the group took 1.1 s at 10,000 GPUs). Jobs that
         # report no phases fall back to their step time. Under NCCL the own time holds the transfer (the CPU sees
         # neither it nor the wait; the GPU-side wait is beyond the last arrival's time), alike on every rank. A wait
         # counted both as untracked and on the GPU is taken once too often: floored at 0.
@@ -893,8 +893,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.workload", "rules": _workload(s)},
         {"name": "goodput.step", "rules": _step(s)},
         {"name": "goodput.collective_wait", "rules": _collective_wait(s)},
-        # the wait and the own time that reads it, each a group (together 1.0-1.1 s at 10,000 GPUs on the bench)
-        *_groups(("goodput.straggler_wait", "goodput.straggler"), [_straggler(s)[:1], _straggler(s)[1:]]),
+        {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.step_shift", "interval": s.slow_groups_interval, "rules": _step_shift(s)},
         # the stage join in a group of its own: in one group with the rules reading it, 1.26 s on vmalert at 10,000
         # GPUs (the others read it an evaluation later, as any group's records)
