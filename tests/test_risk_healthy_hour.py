@@ -10,13 +10,10 @@ trend past its bound at watch (rules/tests/risk.test.yml)."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
-import yaml
-from conftest import ROOT, ManualClock, promtool, samples
-from goodput_mixin.rules.risk import risk_groups
-from goodput_mixin.rules.settings import RulesSettings
+from conftest import ManualClock
+from risk_promtool import LEVEL, Scraped, record, run
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.sources.nvml.simulated import SimulatedGpus
@@ -30,27 +27,19 @@ INPUTS = ("goodput_gpu_up", "goodput_gpu_lost_total", "goodput_gpu_sampled_secon
           "goodput_gpu_retired_pages_pending", "goodput_gpu_ecc_errors_total",
           "goodput_gpu_clock_throttle_seconds_total", "goodput_gpu_pcie_replays_total",
           "goodput_gpu_nvlink_errors_total")  # what the risk terms read
-RISK_GROUPS = tuple(str(g["name"]) for g in risk_groups(RulesSettings()))  # the trends', then the level's
-TARGET = {"cluster": "c1", "instance": "node0:9445", "job": "goodput-exporter"}
 
 
-def _scrapes() -> dict[tuple[str, frozenset[tuple[str, str]]], list[float | None]]:
+def _scrapes() -> Scraped:
     """Every series of the node's nvml source at each scrape, None where a scrape did not have it."""
     clock = ManualClock(0.0)
     source = NvmlSource(SimulatedGpus(GPUS, clock=clock), clock=clock)
     renderer = Renderer()
     count = MINUTES * 60 // SCRAPE + 1
-    found: dict[tuple[str, frozenset[tuple[str, str]]], list[float | None]] = {}
+    found: Scraped = {}
     for i in range(count):
-        for key, v in samples(renderer.render(source.collect(), TEXT).decode()).items():
-            found.setdefault(key, [None] * count)[i] = v
+        record(found, i, count, renderer.render(source.collect(), TEXT).decode())
         clock.advance(SCRAPE)
     return found
-
-
-def _selector(name: str, labels: frozenset[tuple[str, str]]) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted({**TARGET, **dict(labels)}.items()))
-    return f"{name}{{{inner}}}"
 
 
 def test_the_demos_gpus_stay_at_ok_through_their_first_hour(tmp_path: Path) -> None:
@@ -59,31 +48,11 @@ def test_the_demos_gpus_stay_at_ok_through_their_first_hour(tmp_path: Path) -> N
     for name in INPUTS:
         gpus = {dict(labels)["uuid"] for (n, labels), values in scraped.items() if n == name and None not in values}
         assert len(gpus) == GPUS, (name, gpus)
-    recording = yaml.safe_load((ROOT / "rules" / "goodput-recording.rules.yml").read_text())
-    groups = [g for g in recording["groups"] if g["name"] in RISK_GROUPS]
-    assert [g["name"] for g in groups] == list(RISK_GROUPS)
-    (tmp_path / "risk.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
-    level = "gpu:goodput_gpu_risk_level:max"
-    test = {
-        "rule_files": ["risk.rules.yml"],
-        "evaluation_interval": "30s",
-        "group_eval_order": list(RISK_GROUPS),
-        "tests": [{
-            "interval": f"{SCRAPE}s",
-            "input_series": [
-                {"series": _selector(name, labels), "values": " ".join("_" if v is None else repr(v) for v in values)}
-                for (name, labels), values in sorted(scraped.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1])))],
-            "promql_expr_test": [
-                # every GPU has a level at the end, and its hour and ten minutes held none above ok
-                {"expr": f"count({level})", "eval_time": f"{MINUTES}m", "exp_samples": [{"labels": "{}",
-                                                                                         "value": GPUS}]},
-                {"expr": f"count(count_over_time({level}[{MINUTES}m]))", "eval_time": f"{MINUTES}m",
-                 "exp_samples": [{"labels": "{}", "value": GPUS}]},
-                {"expr": f"max_over_time({level}[{MINUTES}m]) > 0", "eval_time": f"{MINUTES}m", "exp_samples": []},
-            ],
-        }],
-    }
-    (tmp_path / "hour.test.yml").write_text(yaml.safe_dump(test, width=1 << 20))
-    result = subprocess.run([promtool(), "test", "rules", "hour.test.yml"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=600)
+    result = run(tmp_path, scraped, SCRAPE, 30, [
+        # every GPU has a level at the end, and its hour and ten minutes held none above ok
+        {"expr": f"count({LEVEL})", "eval_time": f"{MINUTES}m", "exp_samples": [{"labels": "{}", "value": GPUS}]},
+        {"expr": f"count(count_over_time({LEVEL}[{MINUTES}m]))", "eval_time": f"{MINUTES}m",
+         "exp_samples": [{"labels": "{}", "value": GPUS}]},
+        {"expr": f"max_over_time({LEVEL}[{MINUTES}m]) > 0", "eval_time": f"{MINUTES}m", "exp_samples": []},
+    ])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]

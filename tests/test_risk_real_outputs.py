@@ -33,16 +33,13 @@ written sequences.
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
 import pytest
-import yaml
-from conftest import ROOT, ManualClock, promtool, samples
-from goodput_mixin.rules.risk import risk_groups
-from goodput_mixin.rules.settings import RulesSettings
+from conftest import ROOT, ManualClock
+from risk_promtool import LEVEL, Scraped, record, run
 
 from exporter.core.exposition import TEXT, Renderer
 from exporter.health.risk import DRAIN, OK, WATCH
@@ -68,9 +65,6 @@ SCRAPE = 30  # s
 EVENTS_AT = 600  # s after the daemon's start: the output's first event
 AFTER = 120  # s after its last event: the level then
 TAIL = 300  # s scraped after that
-RISK_GROUPS = tuple(str(g["name"]) for g in risk_groups(RulesSettings()))
-TARGET = {"cluster": "c1", "instance": "node0:9445", "job": "goodput-exporter"}
-LEVEL = "gpu:goodput_gpu_risk_level:max"
 
 # the NVML fields the nvml source reads for the risk inputs -> the series each fills (exporter/sources/nvml/readings.py)
 SERIES = {
@@ -297,8 +291,7 @@ def _output(case: Case) -> Output:
     return out
 
 
-def _scrapes(case: Case, out: Output) -> tuple[dict[tuple[str, frozenset[tuple[str, str]]], list[float | None]],
-                                                float, float]:
+def _scrapes(case: Case, out: Output) -> tuple[Scraped, float, float]:
     """Every series of the node's nvml source at each scrape (None where a scrape lacks it), the time of the
     output's last event and of the last scrape."""
     clock = ManualClock(0.0)
@@ -308,21 +301,15 @@ def _scrapes(case: Case, out: Output) -> tuple[dict[tuple[str, frozenset[tuple[s
     events = sorted((EVENTS_AT + offset, xid) for offset, xid in out.xids)
     last = events[-1][0] if events else EVENTS_AT
     count = int((last + AFTER + TAIL) // SCRAPE) + 1
-    found: dict[tuple[str, frozenset[tuple[str, str]]], list[float | None]] = {}
+    found: Scraped = {}
     for i in range(count):
         while events and events[0][0] <= clock.now:
             gpus.happen(events.pop(0)[1])
         if case.rising and not out.xids and clock.now >= EVENTS_AT:
             gpus.happened = True
-        for key, value in samples(renderer.render(source.collect(), TEXT).decode()).items():
-            found.setdefault(key, [None] * count)[i] = value
+        record(found, i, count, renderer.render(source.collect(), TEXT).decode())
         clock.advance(SCRAPE)
     return found, last, (count - 1) * SCRAPE
-
-
-def _selector(name: str, labels: frozenset[tuple[str, str]]) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in sorted({**TARGET, **dict(labels)}.items()))
-    return f"{name}{{{inner}}}"
 
 
 def _level_at(uuid: str, seconds: float, level: int) -> dict[str, object]:
@@ -350,25 +337,8 @@ def test_a_real_output_puts_its_gpu_at_nvidias_level(case: Case, tmp_path: Path)
     assert [v for (name, _), values in scraped.items() if name == "goodput_gpu_up" for v in values[-1:]] == \
         [0.0 if lost else 1.0]
 
-    recording = yaml.safe_load((ROOT / "rules" / "goodput-recording.rules.yml").read_text())
-    groups = [g for g in recording["groups"] if g["name"] in RISK_GROUPS]
-    assert [g["name"] for g in groups] == list(RISK_GROUPS)
-    (tmp_path / "risk.rules.yml").write_text(yaml.safe_dump({"groups": groups}))
-    test = {
-        "rule_files": ["risk.rules.yml"],
-        "evaluation_interval": f"{SCRAPE}s",
-        "group_eval_order": list(RISK_GROUPS),
-        "tests": [{
-            "interval": f"{SCRAPE}s",
-            "input_series": [
-                {"series": _selector(name, labels), "values": " ".join("_" if v is None else repr(v) for v in values)}
-                for (name, labels), values in sorted(scraped.items(), key=lambda kv: (kv[0][0], sorted(kv[0][1])))],
-            # and still at the last scrape, TAIL later: the output's state has not changed, nor its level
-            "promql_expr_test": [_level_at(uuid, EVENTS_AT - 60, case.before),
-                                 _level_at(uuid, last + AFTER, case.level), _level_at(uuid, end, case.level)],
-        }],
-    }
-    (tmp_path / "real.test.yml").write_text(yaml.safe_dump(test, width=1 << 20))
-    result = subprocess.run([promtool(), "test", "rules", "real.test.yml"], cwd=tmp_path, capture_output=True,
-                            text=True, timeout=120)
+    # and still at the last scrape, TAIL later: the output's state has not changed, nor its level
+    result = run(tmp_path, scraped, SCRAPE, SCRAPE, [_level_at(uuid, EVENTS_AT - 60, case.before),
+                                                     _level_at(uuid, last + AFTER, case.level),
+                                                     _level_at(uuid, end, case.level)], timeout=120)
     assert result.returncode == 0, f"{case.why}\n{result.stdout[-4000:]}{result.stderr[-2000:]}"
