@@ -149,19 +149,18 @@ def assess(reading: Reading, memory: dict[str, Any], config: HealthConfig) -> li
         findings.append(Finding(gpus.get(uuid, "?"), uuid, level, reason, evidence))
 
     def gauge(name: str, level: int, reason: str) -> None:
+        """A state the GPU is in while the gauge is above 0 (the flags are 0 or 1; the recovery action a code)."""
         for labels, value in reading.of(name):
-            if value == 1 and "uuid" in labels:
-                find(labels["uuid"], level, reason, f"{name}=1")
+            if value > 0 and "uuid" in labels:
+                find(labels["uuid"], level, reason, f"{name}={value:.0f}")
 
     gauge("goodput_gpu_row_remap_failure", REPLACE, "row_remap_failure")
     gauge("goodput_gpu_row_remap_pending", DRAIN, "row_remap_pending")
     gauge("goodput_gpu_retired_pages_pending", DRAIN, "retired_pages_pending")
+    gauge("goodput_gpu_recovery_action", DRAIN, "recovery_action")
     for labels, value in reading.of("goodput_gpu_up"):
         if value == 0:
             find(labels["uuid"], DRAIN, "gpu_lost", "goodput_gpu_up=0")
-    for labels, value in reading.of("goodput_gpu_recovery_action"):
-        if value > 0 and "uuid" in labels:
-            find(labels["uuid"], DRAIN, "recovery_action", f"goodput_gpu_recovery_action={value:.0f}")
     retired: dict[str, float] = {}
     for labels, value in reading.of("goodput_gpu_retired_pages_total"):
         retired[labels["uuid"]] = retired.get(labels["uuid"], 0) + value
