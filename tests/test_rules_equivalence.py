@@ -177,6 +177,7 @@ KNOWN: dict[str, Known] = {
     "workload_rank:goodput_step_own_seconds:mean1h": Known(("rate",), 0.164, 6, 0, 0),
     "workload_rank:goodput_step_own_seconds:mean5m": Known(("rate", "rate-presence"), 0.289, 50, 0, 8),
     "workload_rank:goodput_step_wait_seconds:mean5m": Known(("rate", "rate-presence"), 0.38, 67, 0, 8),
+    "workload_rank:goodput_steps:rate5m": Known(("rate", "rate-presence"), 1.0, 196, 0, 8),
     "workload_rank:goodput_straggler_cost_ratio:rate5m": Known(("rate", "rate-presence"), 0.338, 4, 0, 2),
     "workload_rank:goodput_straggler_lost_gpu_seconds:rate5m": Known(("rate", "rate-presence"), 0.338, 4, 0, 2),
     "workload_rank:goodput_straggler_ratio:rate1h": Known(("rate",), 0.166, 5, 0, 0),

@@ -399,20 +399,26 @@ def _collective_wait(s: RulesSettings) -> list[Rule]:
     ]
 
 
+STEPS = "workload_rank:goodput_steps:rate"
+
+
 def _straggler(s: RulesSettings) -> list[Rule]:
     c, n, w = s.cluster_label, s.node_label, s.windows[0]
     step = f"workload_rank:goodput_step_duration_seconds:mean{w}"
     own = f"workload_rank:goodput_step_own_seconds:mean{w}"
     wait = f"{STEP_WAIT}{w}"
     by = f"{c}, {n}, workload, rank"
-    steps = f"(sum by ({by}) (rate(goodput_steps_total[{w}])) > 0)"
+    steps = f"{STEPS}{w}"
     return [
+        # Each rank's steps a second, read by the two rules after it (written into each, the counters were read
+        # twice), in this group so that both divide by this evaluation's steps.
+        {"record": steps, "expr": f"sum by ({by}) (rate(goodput_steps_total[{w}]))"},
         # What a rank waits in collectives per step: the larger of its comm_wait (the CPU waited: gloo, DDP's hooks)
         # and its GPU-side wait (NCCL, goodput.collective_wait). The two are set apart by a label for the max.
         {"record": wait,
          "expr": f"max by ({by}) (\n"
                  f'  sum by ({by}) (rate(goodput_phase_seconds_total{{phase="comm_wait"}}[{w}]))\n  or\n'
-                 f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ {steps}'},
+                 f'  label_replace({COLLECTIVE_WAIT}{w}, "side", "gpu", "", "")\n)\n/ ({steps} > 0)'},
         # In synchronous training every rank's step lasts as long as the slowest one's (they all meet in the
         # collectives), so the straggler is found by its own time per step: what it neither waits in collectives
         # nor leaves unmeasured. It waits least because everyone waits for it. What stays unmeasured (`untracked`:
@@ -425,7 +431,7 @@ def _straggler(s: RulesSettings) -> list[Rule]:
         # counted both as untracked and on the GPU is taken once too often: floored at 0.
         {"record": own,
          "expr": f"clamp_min(\n  sum by ({by}) (\n    rate(goodput_elapsed_seconds_total[{w}])\n    or\n"
-                 f'    -rate(goodput_phase_seconds_total{{phase="untracked"}}[{w}])\n  )\n  / {steps}\n'
+                 f'    -rate(goodput_phase_seconds_total{{phase="untracked"}}[{w}])\n  )\n  / ({steps} > 0)\n'
                  f"  - {wait},\n  0\n)\nor\n{step}"},
     ]
 
@@ -505,8 +511,10 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
 
 
 def _workload_long(s: RulesSettings, long: str) -> list[list[Rule]]:
-    """The long window per workload, and per rank in a group of its own (eleven rules in one group took up to 1 s on
-    vmalert at 10,000 GPUs): each reads the short window's records over `long`."""
+    """The long window per workload; per rank in a group of its own (eleven rules in one group took up to 1 s on
+    vmalert at 10,000 GPUs), each reading the short window's records over `long`; and the stragglers over `long` in
+    two more, as over the short window (the six per-rank rules in one group took 0.96 s on vmalert, the stage join
+    alone 0.29 s of it; a minute late, as any group's records, is nothing on an hour's averages)."""
     short = s.windows[0]
     phases = f"workload:goodput_phase_seconds:rate{long}"
     own = f"workload_rank:goodput_step_own_seconds:mean{long}"
@@ -530,9 +538,9 @@ def _workload_long(s: RulesSettings, long: str) -> list[list[Rule]]:
         {"record": f"workload_rank:goodput_step_duration_seconds:mean{long}",
          "expr": f"avg_over_time(workload_rank:goodput_step_duration_seconds:mean{short}[{long}])"},
         {"record": own, "expr": f"avg_over_time(workload_rank:goodput_step_own_seconds:mean{short}[{long}])"},
-        *_stragglers(s, own, long),
     ]
-    return [workload, ranks]
+    stragglers = _stragglers(s, own, long)
+    return [workload, ranks, stragglers[:1], stragglers[1:]]
 
 
 def _accounting(s: RulesSettings) -> list[Rule]:
@@ -927,7 +935,7 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         groups += [
             *_groups((f"goodput.gpu.{long}", f"goodput.gpu_allocation.{long}", f"goodput.rollup.{long}"),
                      _gpu_long(s, long), s.slow_groups_interval),
-            *_groups((f"goodput.workload.{long}", f"goodput.workload_rank.{long}"), _workload_long(s, long),
-                     s.slow_groups_interval),
+            *_groups((f"goodput.workload.{long}", f"goodput.workload_rank.{long}", f"goodput.straggler_stage.{long}",
+                      f"goodput.straggler_ratio.{long}"), _workload_long(s, long), s.slow_groups_interval),
         ]
     return groups
