@@ -14,6 +14,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from exporter.core.settings import ConfigError
+from exporter.health.risk import DRAIN, xids_at
 
 _RANGE = re.compile(r"^\d+[smhd]$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
@@ -195,8 +196,11 @@ class RulesSettings(BaseModel):
         "waiting in it, shows it has not enqueued it (dump times are compared, so the time between dumps does not "
         "matter). Ranks whose dumps are on the same node are also checked by the daemon (flight.rank_missing_after).")
     critical_xids: list[int] = Field(
-        [31, 43, 45, 48, 61, 62, 63, 64, 74, 79, 92, 94, 95, 119, 120],
-        description="GoodputGPUXidCritical: XID codes that page.")
+        default_factory=lambda: xids_at(DRAIN),
+        description="GoodputGPUXidCritical: XID codes that page. By default those whose immediate action in NVIDIA's "
+        "XID catalogue is a GPU reset or a node reboot (the failure-risk level drain's XIDs, docs/health.md): "
+        "application faults (13, 31, 43, 45: most often the job's own bug) and the XIDs whose action is to restart "
+        "the application or watch (63, 92, 94) page nobody; the risk level shows those that repeat.")
     throttle_ratio: float = Field(
         0.2, gt=0, le=1, description="GoodputGPUThrottled: share of time clocks were held down by power, "
         "thermal, board or reliability limits.")
