@@ -52,7 +52,7 @@ SETTLE = 45  # seconds after the run for an alert either side held to reach the 
 # Seconds after the run within which the panels' series on VictoriaMetrics (vmalert's records) count. Each level
 # of a chain of record groups shows a new series there about 10 s after the level below it (measured: own time at
 # 30 s after the straggler started, its culprit's lost GPU-seconds, five groups on, at 81 s; Prometheus had both at
-# 4 s): this VictoriaMetrics finds a series created in the current hour only once its ~10 s index update ran.
+# 4 s; VictoriaMetrics 1.79, each group's first value of a series being read by the next some 10 s later).
 VM_LAG = 75
 # Grafana's built-in variables as it would send them for the demo's windows.
 BUILTINS = {"__rate_interval": DEMO_SETTINGS.windows[0], "__interval": "5s"}
