@@ -665,8 +665,9 @@ def _get(port: int, path: str) -> dict:  # type: ignore[type-arg]
     return json.loads(conn.getresponse().read())
 
 
-def _query(port: int, expr: str) -> list[dict]:  # type: ignore[type-arg]
-    return _get(port, "/api/v1/query?" + urllib.parse.urlencode({"query": expr}))["data"]["result"]
+def _query(port: int, expr: str, at: float | None = None) -> list[dict]:  # type: ignore[type-arg]
+    params = {"query": expr, **({"time": str(at)} if at is not None else {})}
+    return _get(port, "/api/v1/query?" + urllib.parse.urlencode(params))["data"]["result"]
 
 
 def _per_gpu_series() -> tuple[float, float]:
@@ -804,12 +805,20 @@ def _peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def _seeds(port: int, chained: dict[str, int]) -> dict[str, tuple[int, list[str]]]:
-    """The chained series as a ruler has them: name -> (interval, each series' text up to its timestamp)."""
+def _seeds(port: int, chained: dict[str, int], end: int) -> dict[str, tuple[int, list[str]]]:
+    """The chained series as a ruler has them: name -> (interval, each series' text up to its timestamp). Each is
+    taken as Prometheus first recorded it after the history's `end`, while its windows were still full: read at the
+    end of the measurement, with the last 5m windows four minutes emptier, the steps rate read a fifth of the
+    history's, and vmalert's first evaluations, from full windows, disagreed with it down the chains (every rank a
+    straggler for a minute, each new alert running its annotations' queries: 24 s for goodput.alerts.collective)."""
     seeds = {}
     for name, interval in chained.items():
-        heads = []
-        for item in _query(port, f'{{__name__="{name}"}}'):
+        heads: list[str] = []
+        for at in range(end + EVAL_INTERVAL, end + 10 * EVAL_INTERVAL + 1, EVAL_INTERVAL):
+            found = _query(port, f'{{__name__="{name}"}}', at)
+            if found:
+                break
+        for item in found:
             labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(item["metric"].items())
                               if key != "__name__")
             heads.append(f"{name}{{{labels}}} {item['value'][1]}")
@@ -863,7 +872,7 @@ def _prometheus(rules: list[str], slow: set[str], long_inputs: dict[str, list[in
         _verify(port, long_inputs)
         if "out of bounds" in (WORK / "prometheus.log").read_text():
             raise RuntimeError("Prometheus discarded rule results as out of bounds")
-        seeds = _seeds(port, chained)
+        seeds = _seeds(port, chained, end)
     finally:
         stop(proc, 60)
     return measured, seeds
@@ -1105,8 +1114,9 @@ def markdown(result: Result) -> list[str]:
         "group recorded sees it as of the group's previous evaluation, where Prometheus gives it this evaluation's "
         f"(vmalert's documented limit on chaining; {result.chained} such series in rules/, in chains up to "
         f"{result.chain_depth} rules deep). VictoriaMetrics' copy of the history holds them over its last "
-        f"{SEEDED // 60} minutes, as Prometheus last recorded them, as a vmalert that had been running would have "
-        "left them; without them the chains' last rules would find nothing for as many evaluations as the chain is "
+        f"{SEEDED // 60} minutes, as Prometheus first recorded them after the history ended (its windows still "
+        "full), as a vmalert that had been running would have left them; without them the chains' last rules "
+        "would find nothing for as many evaluations as the chain is "
         "deep.",
         "",
         f"Both every {EVAL_INTERVAL} s (the slow groups every 1m): the first evaluation (the data read for the first "
