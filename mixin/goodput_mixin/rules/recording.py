@@ -288,20 +288,21 @@ def staged(s: RulesSettings, own: str) -> str:
             f"max by ({rank}, pipeline_stage) (goodput_rank_role_info)\nor on ({rank})\n{own}")
 
 
-def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
+def _stragglers(s: RulesSettings, own: str, w: str) -> list[list[Rule]]:
     """Each rank's own time with its stage, the typical own time of each stage (its ranks' median; ranks without a
     role: the workload's), and each rank's own time over its stage's: a pipeline's last stage, slower by
     construction, is compared with itself, not with the faster stages (which would page all its ranks). Of a stage of
     two ranks (two replicas of a pipeline, a 2-rank job) the typical is the faster one's: their median is their mean,
     against which a rank three times slower than its peer reads only 1.5. The join with the roles is recorded once
     and read by the two rules after it (written into each of them, it was read five times: 0.5 s of the group's
-    evaluation at 10,000 GPUs); the short window's in a group of its own."""
+    evaluation at 10,000 GPUs). Two rule lists, for two groups: the join alone, then the rules reading it (in one
+    group with them, the join took 1.26 s on vmalert at 10,000 GPUs; the hour's six per-rank rules took 0.96 s in
+    one group); the others read it an evaluation later, as any group's records."""
     c = s.cluster_label
     typical = f"{OWN_STAGE}{w}"
     by = f"{c}, workload, pipeline_stage"
     ranks = f"{OWN_STAGED}{w}"
-    return [
-        {"record": ranks, "expr": staged(s, own)},
+    return [[{"record": ranks, "expr": staged(s, own)}], [
         {"record": typical,
          "expr": f"(\n  quantile by ({by}) (0.5, {ranks})\n  and on ({by})\n"
                  f"  count by ({by}) ({ranks}) > 2\n)\nor\nmin by ({by}) ({ranks})"},
@@ -309,7 +310,7 @@ def _stragglers(s: RulesSettings, own: str, w: str) -> list[Rule]:
          "expr": f"{ranks}\n/ on ({c}, workload, pipeline_stage) group_left ()\n  ({typical} > 0)"},
         {"record": f"workload:goodput_straggler_ratio:rate{w}",
          "expr": f"max by ({c}, workload) (workload_rank:goodput_straggler_ratio:rate{w})"},
-    ]
+    ]]
 
 
 def _workload(s: RulesSettings) -> list[Rule]:
@@ -513,8 +514,7 @@ def _straggler_cost(s: RulesSettings) -> list[Rule]:
 def _workload_long(s: RulesSettings, long: str) -> list[list[Rule]]:
     """The long window per workload; per rank in a group of its own (eleven rules in one group took up to 1 s on
     vmalert at 10,000 GPUs), each reading the short window's records over `long`; and the stragglers over `long` in
-    two more, as over the short window (the six per-rank rules in one group took 0.96 s on vmalert, the stage join
-    alone 0.29 s of it; a minute late, as any group's records, is nothing on an hour's averages)."""
+    two more, as over the short window (a minute late, as any group's records, is nothing on an hour's averages)."""
     short = s.windows[0]
     phases = f"workload:goodput_phase_seconds:rate{long}"
     own = f"workload_rank:goodput_step_own_seconds:mean{long}"
@@ -539,8 +539,7 @@ def _workload_long(s: RulesSettings, long: str) -> list[list[Rule]]:
          "expr": f"avg_over_time(workload_rank:goodput_step_duration_seconds:mean{short}[{long}])"},
         {"record": own, "expr": f"avg_over_time(workload_rank:goodput_step_own_seconds:mean{short}[{long}])"},
     ]
-    stragglers = _stragglers(s, own, long)
-    return [workload, ranks, stragglers[:1], stragglers[1:]]
+    return [workload, ranks, *_stragglers(s, own, long)]
 
 
 def _accounting(s: RulesSettings) -> list[Rule]:
@@ -886,7 +885,6 @@ def _groups(names: tuple[str, ...], rule_lists: list[list[Rule]], interval: str 
 
 
 def recording_groups(s: RulesSettings) -> list[Group]:
-    ratio = _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])
     groups: list[Group] = [
         {"name": "goodput.gpu", "rules": _gpu(s)},
         {"name": "goodput.gpu_allocation", "rules": _gpu_allocation(s)},
@@ -903,9 +901,8 @@ def recording_groups(s: RulesSettings) -> list[Group]:
         {"name": "goodput.collective_wait", "rules": _collective_wait(s)},
         {"name": "goodput.straggler", "rules": _straggler(s)},
         {"name": "goodput.step_shift", "interval": s.slow_groups_interval, "rules": _step_shift(s)},
-        # the stage join in a group of its own: in one group with the rules reading it, 1.26 s on vmalert at 10,000
-        # GPUs (the others read it an evaluation later, as any group's records)
-        *_groups(("goodput.straggler_stage", "goodput.straggler_ratio"), [ratio[:1], ratio[1:]]),
+        *_groups(("goodput.straggler_stage", "goodput.straggler_ratio"),
+                 _stragglers(s, f"workload_rank:goodput_step_own_seconds:mean{s.windows[0]}", s.windows[0])),
         {"name": "goodput.straggler_cost", "rules": _straggler_cost(s)},
         *_groups(("goodput.attribution", "goodput.attribution_namespace"), _attribution(s)),
         {"name": "goodput.collective", "rules": _collective(s)},
