@@ -399,3 +399,24 @@ def test_a_rank_whose_process_ended_loses_its_flight_series_at_once(tmp_path: Pa
             process.kill()
             process.wait()
         source.close()
+
+
+def test_a_retired_collective_is_not_in_flight_when_pg_status_lags_behind_it(tmp_path: Path) -> None:
+    """gloo, PyTorch 2.13: a dump taken as the job closed, its last all_reduce retired and pg_status one behind
+    (tests/flight/caught/README.md). The op completed: no collective in flight, none missing."""
+    caught = DUMPS.parent / "caught" / "gloo-status-lag"
+    raw = pickle.loads((caught / "comm_lib_trace_rank_0").read_bytes())
+    assert raw["pg_status"]["0"]["last_completed_collective"] == 24 and all(e["retired"] for e in raw["entries"])
+    assert raw["entries"][-1]["collective_seq_id"] == 25
+    target = tmp_path / "fr" / "closing"
+    target.mkdir(parents=True)
+    for rank in (0, 1):
+        (target / f"comm_lib_trace_rank_{rank}").write_bytes((caught / f"comm_lib_trace_rank_{rank}").read_bytes())
+    text = render(source_for(tmp_path / "fr"))
+    for rank in ("0", "1"):
+        labels = {"workload": "closing", "rank": rank, "pg": "0"}
+        assert value(text, "goodput_collective_inflight", **labels) == 0
+        assert value(text, "goodput_collective_oldest_inflight_seconds", **labels) == 0
+        assert value(text, "goodput_collective_last_seq", state="completed", **labels) == 25
+        assert value(text, "goodput_collective_last_seq", state="enqueued", **labels) == 25
+    assert series(text, "goodput_collective_missing_rank") == []

@@ -345,7 +345,11 @@ def _settle_progress(entries: list[Entry], groups: dict[str, Group]) -> None:
 
     A collective is in flight while its sequence number is past the group's last completed one: that
     is the watchdog's own view, and it also covers the ops of a coalesced group, which are never
-    retired one by one. Point-to-point ops have their own sequence, so their own state decides.
+    retired one by one. That view can lag the entries: a gloo rank's dump taken just after its last
+    all_reduce returned has been seen with the op retired and pg_status still one behind (PyTorch 2.13,
+    tests/flight/caught). A collective retired is complete, and so is every earlier one of its group
+    (a group's collectives complete in order), so the last completed one is at least the last retired.
+    Point-to-point ops have their own sequence, so their own state decides.
     """
     enqueued: dict[str, int] = {}
     completed: dict[str, int] = {}
@@ -359,6 +363,10 @@ def _settle_progress(entries: list[Entry], groups: dict[str, Group]) -> None:
         if group.enqueued is None:
             group.enqueued = enqueued.get(name, -1)
             group.completed = completed.get(name, -1)
+        elif name in completed and (group.completed is None or completed[name] > group.completed):
+            group.completed = completed[name]
+            if group.started is not None and 0 <= group.started < group.completed:
+                group.started = group.completed  # what completed has started
     for entry in entries:
         if entry.is_p2p:
             entry.inflight = not entry.finished
