@@ -17,8 +17,9 @@ COLLECTIVE_LAST_SEQ = _m(
     "goodput_collective_last_seq", Kind.GAUGE, "",
     "Sequence number of the last collective the rank enqueued, started or completed on the process "
     "group (state). enqueued and completed are 0 before the first; started is absent where the backend "
-    "does not track starts (gloo) and before the first start. Compare across ranks to see who is "
-    "behind.", (*PG, "state"))
+    "does not track starts (gloo) and before the first start. completed is the dump's pg_status, or its "
+    "last retired collective where that is later (pg_status can lag its entries). Compare across ranks "
+    "to see who is behind.", (*PG, "state"))
 COLLECTIVE_INFLIGHT = _m(
     "goodput_collective_inflight", Kind.GAUGE, "",
     "Collectives and point-to-point ops of the process group that the rank enqueued and that had not "
