@@ -111,6 +111,10 @@ PHASE_SHARES = {"compute": 0.65, "data_wait": 0.1, "comm_wait": 0.15, "checkpoin
                 "compile": 0, "startup": 0, "other": 0, "untracked": 0.06}
 ACCOUNTING = {"goodput_elapsed_seconds": 1.0, "goodput_downtime_seconds": 0.01, "goodput_wasted_seconds": 0.02,
               "goodput_wasted_compute_seconds": 0.015}
+STEPS_PER_SECOND = 2  # each rank's steps a second, and the seconds of its step durations' sum a second
+STEP_SUM_PER_SECOND = 1
+# each rank's GPU-side seconds in collectives a second (NCCL's timed durations): the least, and the more of rank r
+COLLECTIVE_BASE, COLLECTIVE_SPREAD = 0.25, 0.01
 # the nvml source's health gauges on every GPU: (healthy value, degraded value); one GPU in 997 degraded
 HEALTH_GAUGES = {"up": (1, 0), "pcie_link_generation": (5, 5), "pcie_link_max_generation": (5, 5),
                  "pcie_link_width": (16, 8), "pcie_link_max_width": (16, 16), "row_remap_failure": (0, 0),
@@ -345,11 +349,32 @@ def _recorded_labels(name: str) -> list[str]:
 def _long_value(name: str, label_set: str) -> float:
     """A long-window input's value over the history: 0.25, but for the seconds redone after restarts, which are the
     short window's own (ACCOUNTING: a job of 64 ranks redoing 2% of its time, under GoodputWastedProgress's 5%) but
-    on WASTEFUL workloads, which redo 10% and page. At 0.25 everywhere, every workload paged at every evaluation."""
+    on WASTEFUL workloads, which redo 10% and page (at 0.25 everywhere, every workload paged at every evaluation),
+    and for the ranks' step time and own time per step, which the straggler records also read at once (the 5m
+    records, through the stage join): what their rules compute from the history (0.5 s, 0.395 s), checked against
+    what Prometheus first records (_check_long_values). At 0.25, each rank read as a straggler on vmalert until its
+    own records replaced the history's: all 6,400 pending, each running GoodputStraggler's annotation queries."""
     if name.startswith("workload:goodput_wasted_seconds:"):
         wasteful = any(f'workload="job{w}"' in label_set for w in range(WASTEFUL))
         return 0.1 if wasteful else ACCOUNTING["goodput_wasted_seconds"]
+    if name in RANK_STEP_VALUES:
+        rank = int(re.search(r'rank="(\d+)"', label_set).group(1))  # type: ignore[union-attr]
+        return RANK_STEP_VALUES[name](rank)
     return 0.25
+
+
+def _own_per_step(rank: int) -> float:
+    """workload_rank:goodput_step_own_seconds:mean5m of the history: its time not untracked per step, less its wait
+    (the larger of its comm_wait and its GPU-side wait, beyond the least rank's)."""
+    tracked = ACCOUNTING["goodput_elapsed_seconds"] - PHASE_SHARES["untracked"]
+    wait = max(PHASE_SHARES["comm_wait"], COLLECTIVE_SPREAD * (rank % 4))
+    return (tracked - wait) / STEPS_PER_SECOND
+
+
+RANK_STEP_VALUES: dict[str, Callable[[int], float]] = {
+    "workload_rank:goodput_step_duration_seconds:mean5m": lambda rank: STEP_SUM_PER_SECOND / STEPS_PER_SECOND,
+    "workload_rank:goodput_step_own_seconds:mean5m": _own_per_step,
+}
 
 
 def _le(engine: Engine, bound: float) -> str:
@@ -607,19 +632,20 @@ def _write_history(sink: Callable[[int], TextIO], end: int, long_inputs: dict[st
                 elif family == "goodput_model_flops":
                     counter(f"{family}_total", f'{labels},dtype="bf16"', 4e14)
                 elif family == "goodput_steps":
-                    counter(f"{family}_total", labels, 2)
+                    counter(f"{family}_total", labels, STEPS_PER_SECOND)
                 elif family == "goodput_tokens":
                     counter(f"{family}_total", labels, 8192)
                 elif family == "goodput_step_duration_seconds_sum":
-                    counter(family, labels, 1)
+                    counter(family, labels, STEP_SUM_PER_SECOND)
                 elif family == "goodput_step_duration_seconds_count":
-                    counter(family, labels, 2)
+                    counter(family, labels, STEPS_PER_SECOND)
                 elif family == "goodput_collective_last_seq":
                     waits = workload < HUNG and rank > 0
                     gauge(family, f'{labels},pg="0",state="enqueued"', 1001 if waits else 1000)
                     gauge(family, f'{labels},pg="0",state="completed"', 1000)
                 elif family == "goodput_collective_duration_seconds_sum":  # NCCL's timed durations
-                    counter(family, f'{labels},pg="0",op="allreduce"', 0.25 + 0.01 * (rank % 4))
+                    counter(family, f'{labels},pg="0",op="allreduce"',
+                            COLLECTIVE_BASE + COLLECTIVE_SPREAD * (rank % 4))
                 elif family == "goodput_rank_role_info":  # four pipeline stages of RANKS // 4 replicas
                     gauge(family, f'{labels},pipeline_stage="{rank * 4 // RANKS}",'
                                   f'data_parallel_rank="{rank % (RANKS // 4)}"', 1)
@@ -826,6 +852,23 @@ def _seeds(port: int, chained: dict[str, int], end: int) -> dict[str, tuple[int,
     return seeds
 
 
+def _check_long_values(port: int, end: int) -> None:
+    """Each of RANK_STEP_VALUES, as Prometheus first recorded it after the history's end, is what the history holds
+    (_long_value): else the straggler records would mix the two and call ranks stragglers that are not."""
+    for name, expected in RANK_STEP_VALUES.items():
+        wrong, checked = [], 0
+        for item in _query(port, f"{name}[{10 * EVAL_INTERVAL}s]", end + 10 * EVAL_INTERVAL):
+            recorded = [float(v) for t, v in item["values"] if float(t) > end]
+            if recorded:
+                checked += 1
+                want = expected(int(item["metric"]["rank"]))
+                if abs(recorded[0] - want) > 1e-6 * want:
+                    wrong.append(f"{item['metric']}: {recorded[0]} recorded, {want} in the history")
+        if not checked or wrong:
+            raise RuntimeError(f"{name}: the history's value is not what the rule records ({checked} series "
+                               f"checked):\n" + "\n".join(wrong[:5]))
+
+
 def _escape(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -873,6 +916,7 @@ def _prometheus(rules: list[str], slow: set[str], long_inputs: dict[str, list[in
         if "out of bounds" in (WORK / "prometheus.log").read_text():
             raise RuntimeError("Prometheus discarded rule results as out of bounds")
         seeds = _seeds(port, chained, end)
+        _check_long_values(port, end)
     finally:
         stop(proc, 60)
     return measured, seeds
