@@ -103,13 +103,17 @@ def _tagged(terms: list[tuple[str, int, str]]) -> list[str]:
     return [f'label_replace(({expr}) * 0 + {level}, "reason", "{reason}", "", "")' for reason, level, expr in terms]
 
 
-NVLINK_TRENDS = ("nvlink_errors_rising",)  # four series a GPU (its links' error types): a group of their own
+# the trends' groups, by the `kind` each records: NVLink's four series a GPU (its links' error types); the GPU's and
+# the daemon's availability (up, losses, the sampled counter's resets); the other counters' rises (kind gpu)
+TREND_KINDS = {"nvlink_errors_rising": "nvlink", "gpu_flapping": "availability", "exporter_restarted": "availability"}
+TREND_GROUPS = {"gpu": "goodput.gpu_risk_trends", "availability": "goodput.gpu_risk_trends_availability",
+                "nvlink": "goodput.gpu_risk_trends_nvlink"}
 
 
-def trend_terms(s: RulesSettings, nvlink: bool) -> str:
-    """The trends over the hour (NVLink's, or the others), each a filter valued at its level and tagged with its
+def trend_terms(s: RulesSettings, kind: str) -> str:
+    """The trends over the hour of one kind (TREND_KINDS), each a filter valued at its level and tagged with its
     reason, joined with `or`."""
-    return "\nor\n  ".join(_tagged([t for t in _terms(s)[1] if (t[0] in NVLINK_TRENDS) == nvlink]))
+    return "\nor\n  ".join(_tagged([t for t in _terms(s)[1] if TREND_KINDS.get(t[0], "gpu") == kind]))
 
 
 def risk_terms(s: RulesSettings) -> str:
@@ -128,14 +132,14 @@ def gpu_labels(s: RulesSettings) -> str:
 
 def risk_groups(s: RulesSettings) -> list[dict[str, object]]:
     """The trends' groups (every slow_groups_interval: hour-long windows over every GPU's counters, more than half
-    the level's cost at 10,000 GPUs; NVLink's four series a GPU apart from the rest, 1.2 s together under the rules
-    bench's load), then the level's, which reads the trends' record."""
+    the level's cost at 10,000 GPUs), one per kind (TREND_GROUPS: together 1.2 s, then the rest without NVLink's
+    still about 1 s on vmalert under the rules bench's load), then the level's, which reads the trends' record."""
     c, n = s.cluster_label, s.node_label
 
-    def trends(nvlink: bool) -> dict[str, object]:
+    def trends(kind: str) -> dict[str, object]:
         # each group's own `kind`: two rules recording one name with the same labels would be one series twice
-        return {"record": TREND, "expr": f"max by ({gpu_labels(s)}, reason) (\n  {trend_terms(s, nvlink)}\n)",
-                "labels": {"kind": "nvlink" if nvlink else "gpu"}}
+        return {"record": TREND, "expr": f"max by ({gpu_labels(s)}, reason) (\n  {trend_terms(s, kind)}\n)",
+                "labels": {"kind": kind}}
 
     rules: list[dict[str, object]] = [
         {"record": "gpu:goodput_gpu_risk_level:max",
@@ -146,6 +150,6 @@ def risk_groups(s: RulesSettings) -> list[dict[str, object]]:
     for value, name in enumerate(LEVELS):
         rules.append({"record": "cluster:goodput_nodes_at_risk_level:count", "labels": {"level": name},
                       "expr": f"count by ({c}) (node:goodput_gpu_risk_level:max == {value})"})
-    return [{"name": "goodput.gpu_risk_trends", "interval": s.slow_groups_interval, "rules": [trends(False)]},
-            {"name": "goodput.gpu_risk_trends_nvlink", "interval": s.slow_groups_interval, "rules": [trends(True)]},
+    return [*({"name": name, "interval": s.slow_groups_interval, "rules": [trends(kind)]}
+              for kind, name in TREND_GROUPS.items()),
             {"name": "goodput.gpu_risk", "rules": rules}]
