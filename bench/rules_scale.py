@@ -840,32 +840,37 @@ def _seeds(port: int, chained: dict[str, int], end: int) -> dict[str, tuple[int,
     seeds = {}
     for name, interval in chained.items():
         heads: list[str] = []
-        for at in range(end + EVAL_INTERVAL, end + 10 * EVAL_INTERVAL + 1, EVAL_INTERVAL):
-            found = _query(port, f'{{__name__="{name}"}}', at)
-            if found:
-                break
-        for item in found:
-            labels = ",".join(f'{key}="{_escape(value)}"' for key, value in sorted(item["metric"].items())
-                              if key != "__name__")
-            heads.append(f"{name}{{{labels}}} {item['value'][1]}")
+        for metric, value in _first_recorded(port, name, end):
+            labels = ",".join(f'{key}="{_escape(text)}"' for key, text in sorted(metric.items()) if key != "__name__")
+            heads.append(f"{name}{{{labels}}} {value}")
         seeds[name] = (interval, heads)
     return seeds
+
+
+def _first_recorded(port: int, name: str, end: int) -> list[tuple[dict[str, str], str]]:
+    """Each series of `name` as Prometheus first recorded it after the history's `end` (within ten evaluations): its
+    labels and its value as Prometheus wrote it. A series held by the history too has its samples up to `end` left
+    out."""
+    found = []
+    for item in _query(port, f"{name}[{10 * EVAL_INTERVAL}s]", end + 10 * EVAL_INTERVAL):
+        after = [value for at, value in item["values"] if float(at) > end]
+        if after:
+            found.append((item["metric"], after[0]))
+    return found
 
 
 def _check_long_values(port: int, end: int) -> None:
     """Each of RANK_STEP_VALUES, as Prometheus first recorded it after the history's end, is what the history holds
     (_long_value): else the straggler records would mix the two and call ranks stragglers that are not."""
     for name, expected in RANK_STEP_VALUES.items():
-        wrong, checked = [], 0
-        for item in _query(port, f"{name}[{10 * EVAL_INTERVAL}s]", end + 10 * EVAL_INTERVAL):
-            recorded = [float(v) for t, v in item["values"] if float(t) > end]
-            if recorded:
-                checked += 1
-                want = expected(int(item["metric"]["rank"]))
-                if abs(recorded[0] - want) > 1e-6 * want:
-                    wrong.append(f"{item['metric']}: {recorded[0]} recorded, {want} in the history")
-        if not checked or wrong:
-            raise RuntimeError(f"{name}: the history's value is not what the rule records ({checked} series "
+        wrong = []
+        recorded = _first_recorded(port, name, end)
+        for metric, value in recorded:
+            want = expected(int(metric["rank"]))
+            if abs(float(value) - want) > 1e-6 * want:
+                wrong.append(f"{metric}: {value} recorded, {want} in the history")
+        if not recorded or wrong:
+            raise RuntimeError(f"{name}: the history's value is not what the rule records ({len(recorded)} series "
                                f"checked):\n" + "\n".join(wrong[:5]))
 
 
